@@ -331,24 +331,36 @@ fn a_twin_behind_a_raise_of_the_base_limit_starts_with_the_buckets_tokens() {
     );
 }
 
+/// An engine of one route of `algorithm` at `base` (cut to `cut`) whose sample hook
+/// keeps `pick` of each slot report.
+fn reporting<T: Send + 'static>(
+    algorithm: Algorithm,
+    base: f64,
+    cut: f64,
+    pick: fn(&SlotReport) -> T,
+) -> (Engine, Arc<Mutex<Vec<T>>>) {
+    let mut cfg = RouteConfig::new("reporting", crate::config::RouteMatch::any());
+    cfg.algorithm = algorithm;
+    cfg.controller.base_limit_rps = base;
+    cfg.controller.cut_limit_rps = cut;
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let hook = {
+        let reports = Arc::clone(&reports);
+        move |_: &str, r: &SlotReport| reports.lock().unwrap().push(pick(r))
+    };
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
+        .unwrap()
+        .with_sample_hook(Arc::new(hook));
+    (e, reports)
+}
+
 /// A concurrency route's slot reports say how many requests were in flight when
 /// the slot closed (what its base limit counts, for the tuning hints); other
 /// algorithms' say nothing.
 #[test]
 fn slot_reports_carry_the_count_in_flight_of_a_concurrency_route() {
     let seen = |algorithm: Algorithm| {
-        let mut cfg = RouteConfig::new("in_flight_report", crate::config::RouteMatch::any());
-        cfg.algorithm = algorithm;
-        cfg.controller.base_limit_rps = 10.0;
-        cfg.controller.cut_limit_rps = 5.0;
-        let reports = Arc::new(Mutex::new(Vec::new()));
-        let hook = {
-            let reports = Arc::clone(&reports);
-            move |_: &str, r: &SlotReport| reports.lock().unwrap().push(r.in_flight)
-        };
-        let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
-            .unwrap()
-            .with_sample_hook(Arc::new(hook));
+        let (e, reports) = reporting(algorithm, 10.0, 5.0, |r| r.in_flight);
         let id = e.route_at(0).unwrap();
         let held: Vec<Decision> = (0..3)
             .map(|_| e.check(id, Key::None, Nanos::ZERO))
@@ -376,18 +388,9 @@ fn slot_reports_carry_the_count_in_flight_of_a_concurrency_route() {
 /// a capacity of 0, and the tuning hints counted an idle route's time as exhausted.
 #[test]
 fn an_idle_leaky_route_with_no_queue_is_not_reported_exhausted() {
-    let mut cfg = RouteConfig::new("leaky_idle", crate::config::RouteMatch::any());
-    cfg.algorithm = Algorithm::LeakyBucket { queue: 0 };
-    cfg.controller.base_limit_rps = 1.0;
-    cfg.controller.cut_limit_rps = 1.0;
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let hook = {
-        let reports = Arc::clone(&reports);
-        move |_: &str, r: &SlotReport| reports.lock().unwrap().push(r.exhausted)
-    };
-    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, std::time::UNIX_EPOCH)
-        .unwrap()
-        .with_sample_hook(Arc::new(hook));
+    let (e, reports) = reporting(Algorithm::LeakyBucket { queue: 0 }, 1.0, 1.0, |r| {
+        r.exhausted
+    });
     let id = e.route_at(0).unwrap();
     // Slots of 100 ms, reported by the request that rolls them, with the level it
     // finds: idle at 550 ms and 1.7 s (a request at 550 ms keeps the bucket full to
