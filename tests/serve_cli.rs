@@ -411,13 +411,19 @@ async fn a_second_sigterm_during_the_leave_does_not_leave_again() {
 
 /// `--upstream` is held to the file's rules: a path the proxy would silently drop is
 /// an error, not a proxy that forwards elsewhere than asked; so is a port no
-/// connection can reach (99999 and 0 were taken, and every request got a 502).
+/// connection can reach (99999 and 0 were taken, and every request got a 502). A
+/// password in the flag is masked wherever the refusal quotes it (it was echoed whole
+/// before the masked `got`).
 #[tokio::test]
 async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
     for (upstream, says) in [
         ("http://127.0.0.1:1/api", "with no path"),
         ("http://user@127.0.0.1:1", "must not carry user info"),
-        ("http://user:pw@127.0.0.1:1", "must not carry user info"),
+        ("http://user:s3cret@127.0.0.1:1", "must not carry user info"),
+        (
+            "http://user:s3cret@127.0.0.1:1/api",
+            "must not carry user info",
+        ),
         ("http://127.0.0.1:1?x=1", "with no path"),
         (
             "http://127.0.0.1:99999",
@@ -442,6 +448,7 @@ async fn an_upstream_flag_the_file_would_refuse_is_refused_with_exit_code_2() {
         std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
         assert!(stderr.contains("--upstream"), "{upstream}: {stderr}");
         assert!(stderr.contains(says), "{upstream}: {stderr}");
+        assert!(!stderr.contains("s3cret"), "{upstream}: {stderr}");
     }
 }
 

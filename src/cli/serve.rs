@@ -10,12 +10,13 @@ use std::time::Duration;
 /// The proxy settings: the file's, then the command line's overrides.
 fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
     // The flag is held to the file's rules (a port past 65535 or 0 was taken, and
-    // every request got a 502).
+    // every request got a 502). A refused flag is quoted with its password masked, as
+    // the refusal itself quotes it.
     let checked;
     let (upstream_text, source) = match &args.upstream {
         Some(flag) => {
             checked = rocgate::config::check_upstream(flag)
-                .map_err(|e| format!("--upstream {flag:?}: {e}"))?;
+                .map_err(|e| format!("--upstream {:?}: {e}", rocgate::store::masked_url(flag)))?;
             (checked.as_str(), "--upstream")
         }
         None => (server.upstream.as_str(), "server.upstream"),
