@@ -924,6 +924,51 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     );
 }
 
+/// A partitioned route's `max_keys`, `idle_timeout` and `ipv6_prefix` are part of its
+/// partition: a reload that changes one rebuilds the route (README, what a reload
+/// keeps, and the `RocgateKeyTableFull` runbook), its key table empty, so a client
+/// whose bucket was drained finds a full one again; one that changes none keeps it.
+#[test]
+fn a_reload_that_changes_max_keys_rebuilds_the_partitioned_route() {
+    let cfg = |limits: KeyLimits| {
+        let mut v = RouteConfig::new("ip", RouteMatch::any());
+        v.partition = Partition::ClientIp(limits);
+        v.controller.base_limit_rps = 5.0;
+        v.controller.cut_limit_rps = 1.0;
+        v
+    };
+    let limits = key_table(100, None);
+    let e = engine(vec![cfg(limits)]);
+    let at = Nanos::from_secs(1);
+    let id = e.route_at(0).unwrap();
+    assert_eq!(
+        admitted_at_once(&e, id, ip(1), 10, at),
+        5,
+        "the bucket drained"
+    );
+    let snap = |e: &Engine| e.route_snapshot(e.route_at(0).unwrap(), at).unwrap();
+
+    let same = reloaded(&e, vec![cfg(limits)]);
+    assert_eq!((snap(&same).keys, snap(&same).offered), (1, 10), "kept");
+    assert_eq!(
+        admitted_at_once(&same, same.route_at(0).unwrap(), ip(1), 1, at),
+        0
+    );
+
+    let mut prefix = limits;
+    prefix.ipv6_prefix = 48;
+    for changed in [
+        key_table(200, None),
+        key_table(100, Some(Duration::from_secs(60))),
+        prefix,
+    ] {
+        let e2 = reloaded(&e, vec![cfg(changed)]);
+        assert_eq!((snap(&e2).keys, snap(&e2).offered), (0, 0), "{changed:?}");
+        let id2 = e2.route_at(0).unwrap();
+        assert_eq!(admitted_at_once(&e2, id2, ip(1), 10, at), 5, "{changed:?}");
+    }
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to
