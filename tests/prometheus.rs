@@ -384,7 +384,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(loaded.len(), 11);
+    assert_eq!(loaded.len(), 12);
     // Each rule evaluates, and every series it reads is there: a name, label or value
     // that no scrape has would leave the rule quiet for ever.
     let mut unread = Vec::new();
@@ -875,6 +875,31 @@ fn the_controller_lost_alert_fires_on_a_recent_carry_over_only() {
         &expr_test(&expr, "12m", &[("{route=\"order\"}", "1")]),
     );
     test_exprs(series, &expr_test(&expr, "20m", &[]));
+}
+
+/// `RocgateDown` fires for an instance Prometheus has not scraped for a minute, whose
+/// own series every other rule reads and so falls silent on (pending at its first
+/// missed scrape), and not for one that answers or missed a single scrape.
+#[test]
+fn the_down_alert_fires_on_an_instance_not_scraped_for_a_minute() {
+    let series = "      \
+         - series: 'up{job=\"rocgate\",instance=\"down\"}'\n        \
+         values: '1 1 0 0 0 0'\n      \
+         - series: 'up{job=\"rocgate\",instance=\"blip\"}'\n        \
+         values: '1 1 0 1 1 1'\n      \
+         - series: 'up{job=\"rocgate\",instance=\"up\"}'\n        \
+         values: '1 1 1 1 1 1'\n";
+    let description = "The process is down, or its admin API unreachable: every other rocgate alert is silent for this instance meanwhile. Check the process and its log (exit 2: a config refused at start; exit 1: a listener it could not open) and GET /healthz on the admin address (README, When an alert fires).";
+    let tests = alert_test(
+        "5m",
+        "RocgateDown",
+        description,
+        &[(
+            "instance: down, job: rocgate, severity: critical",
+            "rocgate on down has not answered Prometheus's scrape for a minute",
+        )],
+    ) + &alert_test("2m", "RocgateDown", description, &[]);
+    test_alert_rules(series, &tests);
 }
 
 /// The expression of the alert rule `name` in `dashboards/alerts.yml`, on one line
