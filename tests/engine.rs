@@ -1255,6 +1255,40 @@ fn rebuilt_keyed(e: &Engine) -> (Engine, RouteId) {
     (e2, id)
 }
 
+/// A reload that changes a keyed `concurrency` route's `max_keys` or `idle_timeout`
+/// (a rebuild: they are part of its partition) hands each key's permits over as any
+/// other rebuild does, the key naming the same client under either table's bounds:
+/// key "a", holding its 2, is refused on the new engine. They were handed over only
+/// for an identical partition, and "a" had 4 in flight on a limit of 2.
+#[test]
+fn a_reload_that_changes_max_keys_hands_each_keys_permits_over() {
+    for limits in [
+        key_table(20_000, None),
+        key_table(10_000, Some(Duration::from_secs(60))),
+    ] {
+        let e = engine(vec![keyed_in_flight(6)]);
+        let old = e.route_id("ws").unwrap();
+        let held: Vec<Decision> = (0..2)
+            .map(|_| e.check(old, Key::Value("a"), Nanos::ZERO))
+            .collect();
+        assert!(held.iter().all(Decision::is_admit));
+        let mut cfg = keyed_in_flight(6);
+        cfg.partition = Partition::Header("x-key".into(), limits);
+        let e2 = reloaded(&e, vec![cfg]);
+        let id = e2.route_id("ws").unwrap();
+        assert!(
+            !e2.check(id, Key::Value("a"), Nanos::ZERO).is_admit(),
+            "{limits:?}: a's two permits count under the new route's limit of 2"
+        );
+        assert!(e2.check(id, Key::Value("b"), Nanos::ZERO).is_admit());
+        drop(held);
+        assert!(
+            e2.check(id, Key::Value("a"), Nanos::ZERO).is_admit(),
+            "{limits:?}"
+        );
+    }
+}
+
 /// A reload that rebuilds a `concurrency` route limited per header value (a new
 /// window) hands each key's permits to the same key of the new route, and the old
 /// route's runtime changes leave their limit alone: key "a", holding its 2, is refused

@@ -116,6 +116,19 @@ impl RouteId {
     }
 }
 
+/// Whether two partitions key a request alike: the same kind, header and IPv6
+/// prefix, whatever their tables' `max_keys` and `idle_timeout`, which bound a table
+/// and leave what a key names alone. A reload hands a keyed `concurrency` route's
+/// permits over between such partitions.
+fn same_keys(a: &Partition, b: &Partition) -> bool {
+    match (a, b) {
+        (Partition::Route, Partition::Route) => true,
+        (Partition::ClientIp(a), Partition::ClientIp(b)) => a.ipv6_prefix == b.ipv6_prefix,
+        (Partition::Header(a, _), Partition::Header(b, _)) => a == b,
+        _ => false,
+    }
+}
+
 /// The partition key of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -427,7 +440,8 @@ impl Engine {
     /// own, or an event's running) changed takes no action for one full window. Other
     /// routes start fresh, but for the permits of a `concurrency` route that stays one
     /// (by name; its mode, window, queue, matcher or limits changed), limited as a
-    /// whole, or per key with the same partition and tiers: the route rebuilt takes
+    /// whole, or per key with the same partition (its `max_keys` and `idle_timeout`
+    /// aside) and tiers: the route rebuilt takes
     /// them over (each key's under the same key), with the requests queued for them,
     /// and counts them under its own limit until they are released, which frees a
     /// place in it; from then on their limit is the new route's to set, and the old
@@ -1833,8 +1847,9 @@ impl Route {
 
     /// The route's concurrency permits, for `cfg`, the route a reload rebuilds it as
     /// (see [`Engine::reload`]), if both are limited by `concurrency`: as a whole, or
-    /// per key with the same partition and tiers (each key's permits go to the same
-    /// key, in the same tier). From then on this route leaves their limit to that one.
+    /// per key with the same keys and tiers (each key's permits go to the same key, in
+    /// the same tier; a new `max_keys` or `idle_timeout` bounds the table, not what a
+    /// key names: [`same_keys`]). From then on this route leaves their limit to that one.
     /// Taken under the state lock, so no route-wide limit this route is setting lands
     /// after the new route's. A key of this route reads
     /// [`handed_over`](Route::handed_over) without the lock before it catches up with
@@ -1852,7 +1867,8 @@ impl Route {
                 HandedOver::Route(permits.handed_over(queue))
             }
             (Some(keys @ Keys::Concurrency(_)), _)
-                if cfg.partition == self.partition && cfg.tiers[..] == self.tiers[..] =>
+                if same_keys(&cfg.partition, &self.partition)
+                    && cfg.tiers[..] == self.tiers[..] =>
             {
                 HandedOver::Keys(keys, queue, self.generation.load(Ordering::SeqCst))
             }

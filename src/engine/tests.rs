@@ -1094,3 +1094,36 @@ fn a_change_after_a_silence_tells_the_raise_from_the_step_at_the_change() {
         .unwrap();
     assert_eq!(told_and_raised(&reloaded), (ms(5_800), ms(5_800)));
 }
+
+/// Partitions key alike whatever their tables' bounds, and not across a kind, a
+/// header or an IPv6 prefix, each of which names another key for the same request.
+#[test]
+fn partitions_key_alike_whatever_their_tables_bounds() {
+    let limits = KeyLimits::default();
+    let bounds = KeyLimits {
+        max_keys: 7,
+        idle_timeout: Duration::from_secs(1),
+        ..limits
+    };
+    let prefix = KeyLimits {
+        ipv6_prefix: 48,
+        ..limits
+    };
+    let header = |name: &str, l| Partition::Header(name.into(), l);
+    assert!(same_keys(&Partition::Route, &Partition::Route));
+    assert!(same_keys(
+        &Partition::ClientIp(limits),
+        &Partition::ClientIp(bounds)
+    ));
+    assert!(same_keys(&header("k", limits), &header("k", bounds)));
+    assert!(!same_keys(
+        &Partition::ClientIp(limits),
+        &Partition::ClientIp(prefix)
+    ));
+    assert!(!same_keys(&header("k", limits), &header("j", limits)));
+    assert!(!same_keys(
+        &Partition::ClientIp(limits),
+        &header("k", limits)
+    ));
+    assert!(!same_keys(&Partition::Route, &Partition::ClientIp(limits)));
+}
