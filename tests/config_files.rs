@@ -1420,6 +1420,65 @@ fn env_override_changes_a_default() {
     );
 }
 
+/// The environment's overrides are text, so a number there is read from its text
+/// (`ROCGATE__ROUTES__0__BASE_LIMIT=300`), and text that is no number is refused naming
+/// the variable; a runtime change is JSON, which has numbers, and refuses the same
+/// text written as a string (`{"base_limit": "300"}`), naming the field. The two share
+/// the file's rules but not this: the change took `"300"` for 300.
+#[test]
+fn a_number_from_the_environment_is_text_and_from_a_change_a_number() {
+    let env = [
+        (
+            "ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(),
+            "300".to_owned(),
+        ),
+        (
+            "ROCGATE__ROUTES__0__MIN_SAMPLES".to_owned(),
+            " 7".to_owned(),
+        ),
+        (
+            "ROCGATE__DEFAULTS__DANGER_ROC".to_owned(),
+            "2.5e1".to_owned(),
+        ),
+        ("ROCGATE__DEFAULTS__SAFE_ROC".to_owned(), "5".to_owned()),
+    ];
+    let c = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    let order = &c.routes[0].controller;
+    assert_eq!(order.base_limit_rps, 300.0);
+    assert_eq!(order.min_samples, 7);
+    assert_eq!(order.danger_roc, 25.0);
+    let env = [
+        (
+            "ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(),
+            "lots".to_owned(),
+        ),
+        (
+            "ROCGATE__ROUTES__0__MIN_SAMPLES".to_owned(),
+            "2.5".to_owned(),
+        ),
+    ];
+    let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.toml: routes[0].base_limit: invalid value: string \"lots\", expected a number \
+         (set by environment variable ROCGATE__ROUTES__0__BASE_LIMIT)\n\
+         t.toml: routes[0].min_samples: invalid value: string \"2.5\", expected a whole number ≥ 0 \
+         (set by environment variable ROCGATE__ROUTES__0__MIN_SAMPLES)"
+    );
+    let e = rocgate::config::patch_controller(
+        &c.routes[0].controller,
+        &c.routes[0].algorithm,
+        r#"{"base_limit": "300", "min_samples": "7"}"#,
+        "PUT",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "PUT: base_limit: must be a number, got the string \"300\" (write it without quotes: 300)\n\
+         PUT: min_samples: must be a whole number ≥ 0, got the string \"7\" (write it without quotes: 7)"
+    );
+}
+
 /// `proxy_protocol` is set from the environment as any `[server]` field, and refused
 /// there as in the file, naming the variable.
 #[test]

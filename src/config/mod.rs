@@ -150,22 +150,41 @@ pub fn patch_controller(
     origin: &str,
 ) -> Result<ControllerParams, ConfigError> {
     raw::patch_controller(current, algorithm, json, None)
-        .map_err(|problems| ConfigError::new(origin, problems))
+        .map_err(|e| ConfigError::new(origin, e.problems()))
 }
 
 /// [`patch_controller`] of the route `name` through the admin API: the origin is
 /// `PUT /admin/routes/{name}`, and a field set to `null` is refused naming the way
-/// back to the file's parameters, `DELETE /admin/routes/{name}/change`.
+/// back to the file's parameters, `DELETE /admin/routes/{name}/change`. The error says
+/// whether the body is no change at all ([`PatchRefusal::malformed`]: the API answers
+/// 400) or a change the rules refuse (422).
 #[cfg(feature = "proxy")]
 pub(crate) fn patch_route_controller(
     current: &ControllerParams,
     algorithm: &Algorithm,
     json: &str,
     name: &str,
-) -> Result<ControllerParams, ConfigError> {
+) -> Result<ControllerParams, PatchRefusal> {
     let withdraw = format!("DELETE /admin/routes/{name}/change");
-    raw::patch_controller(current, algorithm, json, Some(&withdraw))
-        .map_err(|problems| ConfigError::new(&format!("PUT /admin/routes/{name}"), problems))
+    raw::patch_controller(current, algorithm, json, Some(&withdraw)).map_err(|e| {
+        let malformed = matches!(e, raw::PatchError::Malformed(_));
+        PatchRefusal {
+            malformed,
+            error: ConfigError::new(&format!("PUT /admin/routes/{name}"), e.problems()),
+        }
+    })
+}
+
+/// Why [`patch_route_controller`] refused a change.
+#[cfg(feature = "proxy")]
+#[derive(Debug)]
+pub(crate) struct PatchRefusal {
+    /// Whether the body is no change: not a JSON object of the change's fields each
+    /// of its JSON type (malformed JSON, an unknown field or one given twice, a number
+    /// written as a string, `null`). Otherwise the rules refused a change that reads.
+    pub(crate) malformed: bool,
+    /// Every problem.
+    pub(crate) error: ConfigError,
 }
 
 /// Whether two listening addresses take the same port on a shared address, so that

@@ -355,26 +355,36 @@ struct Num(f64);
 
 impl<'de> Deserialize<'de> for Num {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct NumVisitor;
-        impl Visitor<'_> for NumVisitor {
-            type Value = Num;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
-                Ok(Num(v as f64))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
-                Ok(Num(v as f64))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Num, E> {
-                Ok(Num(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
-                v.trim().parse().map(Num).map_err(|_| not_text_of(v, &self))
-            }
+        d.deserialize_any(NumVisitor { takes_text: true })
+    }
+}
+
+/// Reads a [`Num`]; from text only if `takes_text` (the environment's overrides arrive
+/// as text, a JSON body's numbers as numbers: [`JsonNum`]).
+struct NumVisitor {
+    takes_text: bool,
+}
+
+impl Visitor<'_> for NumVisitor {
+    type Value = Num;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number")
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+        Ok(Num(v as f64))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+        Ok(Num(v as f64))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Num, E> {
+        Ok(Num(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
+        let read = v.trim().parse().map(Num);
+        if !self.takes_text {
+            return Err(text_for_a_number(v, read.is_ok(), &self));
         }
-        d.deserialize_any(NumVisitor)
+        read.map_err(|_| not_text_of(v, &self))
     }
 }
 
@@ -384,32 +394,76 @@ struct Whole(u64);
 
 impl<'de> Deserialize<'de> for Whole {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct WholeVisitor;
-        impl Visitor<'_> for WholeVisitor {
-            type Value = Whole;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a whole number ≥ 0")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Whole, E> {
-                u64::try_from(v)
-                    .map(Whole)
-                    .map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Whole, E> {
-                Ok(Whole(v))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Whole, E> {
-                Err(E::invalid_value(Unexpected::Float(v), &self))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Whole, E> {
-                v.trim()
-                    .parse()
-                    .map(Whole)
-                    .map_err(|_| not_text_of(v, &self))
-            }
-        }
-        d.deserialize_any(WholeVisitor)
+        d.deserialize_any(WholeVisitor { takes_text: true })
     }
+}
+
+/// Reads a [`Whole`]; from text only if `takes_text`, as [`NumVisitor`].
+struct WholeVisitor {
+    takes_text: bool,
+}
+
+impl Visitor<'_> for WholeVisitor {
+    type Value = Whole;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a whole number ≥ 0")
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Whole, E> {
+        u64::try_from(v)
+            .map(Whole)
+            .map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Whole, E> {
+        Ok(Whole(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Whole, E> {
+        Err(E::invalid_value(Unexpected::Float(v), &self))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Whole, E> {
+        let read = v.trim().parse().map(Whole);
+        if !self.takes_text {
+            return Err(text_for_a_number(v, read.is_ok(), &self));
+        }
+        read.map_err(|_| not_text_of(v, &self))
+    }
+}
+
+/// A number of a runtime change: a JSON number, never text. JSON has numbers, so
+/// `"300"` there is a client's mistake (a script that quoted what it should not), refused
+/// naming the field; the file's [`Num`] takes text for the environment's overrides.
+#[derive(Clone, Copy, Debug)]
+struct JsonNum(Num);
+
+impl<'de> Deserialize<'de> for JsonNum {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NumVisitor { takes_text: false })
+            .map(JsonNum)
+    }
+}
+
+/// A whole number of a runtime change: a JSON number, never text, as [`JsonNum`].
+#[derive(Clone, Copy, Debug)]
+struct JsonWhole(Whole);
+
+impl<'de> Deserialize<'de> for JsonWhole {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(WholeVisitor { takes_text: false })
+            .map(JsonWhole)
+    }
+}
+
+/// The refusal of the JSON string `v` where a number goes: what the field takes, and
+/// where the text is such a number (`"300"`), how to write it.
+fn text_for_a_number<E: de::Error>(v: &str, a_number: bool, expected: &dyn de::Expected) -> E {
+    let how = if a_number {
+        format!(" (write it without quotes: {})", quoted(v.trim()))
+    } else {
+        String::new()
+    };
+    E::custom(format!(
+        "must be {expected}, got the string {:?}{how}",
+        quoted(v)
+    ))
 }
 
 /// `true` or `false`, as written in the file or as text from the environment (where
@@ -3394,28 +3448,28 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
 
 /// The controller fields a runtime change may set: those of `[defaults]` that do not
 /// change the shape of a route's state. A field left out keeps its value; `null` is
-/// refused ([`not_null`]).
+/// refused ([`not_null`]), and so is a number written as text ([`JsonNum`]).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPatch {
     #[serde(default, deserialize_with = "not_null")]
-    base_limit: Option<Num>,
+    base_limit: Option<JsonNum>,
     #[serde(default, deserialize_with = "not_null")]
-    cut_limit: Option<Num>,
+    cut_limit: Option<JsonNum>,
     #[serde(default, deserialize_with = "not_null")]
-    danger_roc: Option<Num>,
+    danger_roc: Option<JsonNum>,
     #[serde(default, deserialize_with = "not_null")]
-    safe_roc: Option<Num>,
+    safe_roc: Option<JsonNum>,
     #[serde(default, deserialize_with = "not_null")]
     hold: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
-    restore_step: Option<Num>,
+    restore_step: Option<JsonNum>,
     #[serde(default, deserialize_with = "not_null")]
     restore_interval: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
-    min_rps: Option<Num>,
+    min_rps: Option<JsonNum>,
     #[serde(default, deserialize_with = "not_null")]
-    min_samples: Option<Whole>,
+    min_samples: Option<JsonWhole>,
     #[serde(default, deserialize_with = "not_null")]
     min_dwell: Option<DurationText>,
     #[serde(default, deserialize_with = "not_null")]
@@ -3515,6 +3569,27 @@ pub(super) fn one_line(message: String) -> String {
     }
 }
 
+/// Why a runtime change was refused: its body is no change, or the rules refuse it.
+#[derive(Debug)]
+pub(crate) enum PatchError {
+    /// The text is not a JSON object of the change's fields each of its JSON type
+    /// (malformed JSON, an unknown field or one given twice, a number as a string,
+    /// `null`): every such problem, and none of the rules', which wait for a change to
+    /// read.
+    Malformed(Vec<Problem>),
+    /// A change that reads, refused by the file's rules: every problem.
+    Refused(Vec<Problem>),
+}
+
+impl PatchError {
+    /// Its problems, whichever it is.
+    pub(crate) fn problems(self) -> Vec<Problem> {
+        match self {
+            PatchError::Malformed(p) | PatchError::Refused(p) => p,
+        }
+    }
+}
+
 /// `current` (enforced by `algorithm`) changed by the JSON object `json`, checked by
 /// the rules of the file. Problems are named by field (`cut_limit: must be ≤ base_limit
 /// (200), got 300`); the caller names the origin. `withdraw`: how the change is
@@ -3524,7 +3599,39 @@ pub(crate) fn patch_controller(
     algorithm: &Algorithm,
     json: &str,
     withdraw: Option<&str>,
-) -> Result<ControllerParams, Vec<Problem>> {
+) -> Result<ControllerParams, PatchError> {
+    let raw = read_patch(json, withdraw).map_err(PatchError::Malformed)?;
+    let mut p = Problems::default();
+    let now = Settings::current(current, algorithm);
+    let settings = RawSettings {
+        base_limit: raw.base_limit.map(|n| n.0),
+        cut_limit: raw.cut_limit.map(|n| n.0),
+        danger_roc: raw.danger_roc.map(|n| n.0),
+        safe_roc: raw.safe_roc.map(|n| n.0),
+        hold: raw.hold.map(|t| t.0),
+        restore_step: raw.restore_step.map(|n| n.0),
+        restore_interval: raw.restore_interval.map(|t| t.0),
+        min_rps: raw.min_rps.map(|n| n.0),
+        min_samples: raw.min_samples.map(|n| n.0),
+        min_dwell: raw.min_dwell.map(|t| t.0),
+        max_cut: raw.max_cut.map(|t| t.0),
+        roc_mode: raw.roc_mode,
+        ..RawSettings::default()
+    };
+    let s = now.over(settings, Scope::Patch, &mut p);
+    let params = controller_params(&mut p, &s);
+    check_route_limits(&mut p, &s);
+    match params {
+        Some(params) if p.0.is_empty() => Ok(params),
+        _ => Err(PatchError::Refused(p.0)),
+    }
+}
+
+/// The fields of the change `json`, or every problem of its shape: the text's syntax
+/// (which ends the reading), then, field by field in the order written, one given more
+/// than once (JSON leaves to the reader which it keeps), one unknown, or a value not of
+/// the field's type.
+fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Problem>> {
     // A byte order mark, which some Windows tools write, is no part of the JSON text
     // (RFC 8259 §8.1 lets a parser ignore it).
     let json = json.strip_prefix('\u{feff}').unwrap_or(json);
@@ -3538,43 +3645,76 @@ pub(crate) fn patch_controller(
             ),
         )]);
     }
-    let mut de = serde_json::Deserializer::from_str(json);
-    let raw: RawPatch = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let location = error_location(e.path());
-        let message = one_line(quotes_bounded(&json_problem(e.inner(), &location)));
+    let problem = |location: String, message: String| {
+        let message = one_line(quotes_bounded(&message));
         let message = if message == NULL_IS_NO_VALUE {
             null_refusal(withdraw)
         } else {
             message
         };
-        vec![Problem::new(location, message)]
+        Problem::new(location, message)
+    };
+    let mut de = serde_json::Deserializer::from_str(json);
+    let Fields(fields) = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let location = error_location(e.path());
+        vec![problem(
+            location.clone(),
+            json_problem(e.inner(), &location),
+        )]
     })?;
     // Whatever follows the object (a second one) would be dropped silently.
     de.end()
         .map_err(|e| vec![Problem::new("", e.to_string())])?;
-    let mut p = Problems::default();
-    let now = Settings::current(current, algorithm);
-    let settings = RawSettings {
-        base_limit: raw.base_limit,
-        cut_limit: raw.cut_limit,
-        danger_roc: raw.danger_roc,
-        safe_roc: raw.safe_roc,
-        hold: raw.hold.map(|t| t.0),
-        restore_step: raw.restore_step,
-        restore_interval: raw.restore_interval.map(|t| t.0),
-        min_rps: raw.min_rps,
-        min_samples: raw.min_samples,
-        min_dwell: raw.min_dwell.map(|t| t.0),
-        max_cut: raw.max_cut.map(|t| t.0),
-        roc_mode: raw.roc_mode,
-        ..RawSettings::default()
-    };
-    let s = now.over(settings, Scope::Patch, &mut p);
-    let params = controller_params(&mut p, &s);
-    check_route_limits(&mut p, &s);
-    match params {
-        Some(params) if p.0.is_empty() => Ok(params),
-        _ => Err(p.0),
+    let mut problems = Vec::new();
+    let mut object = serde_json::Map::new();
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if fields[..i].iter().any(|(k, _)| k == key) {
+            continue;
+        }
+        let given = fields.iter().filter(|(k, _)| k == key).count();
+        if given > 1 {
+            problems.push(Problem::new(
+                key_text(key),
+                format!("given {given} times: a change gives each field once"),
+            ));
+        }
+        let alone = serde_json::Value::Object([(key.clone(), value.clone())].into_iter().collect());
+        if let Err(e) = serde_path_to_error::deserialize::<_, RawPatch>(alone) {
+            let location = error_location(e.path());
+            problems.push(problem(location, e.inner().to_string()));
+        }
+        object.insert(key.clone(), value.clone());
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    serde_path_to_error::deserialize(serde_json::Value::Object(object)).map_err(|e| {
+        let location = error_location(e.path());
+        vec![problem(location, e.inner().to_string())]
+    })
+}
+
+/// A JSON object's fields as written: in order, a field given twice kept twice (a map
+/// would keep one, and the change's reader would not see it was given twice).
+struct Fields(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    fields.push((key, map.next_value()?));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(FieldsVisitor)
     }
 }
 

@@ -918,6 +918,7 @@ fn change_answer(state: &AdminState, changed: Result<RouteSnapshot, RouteChangeE
                 "route {name:?} has no runtime change: the file's parameters are in force"
             )],
         ),
+        Err(RouteChangeError::Malformed(errors)) => error(StatusCode::BAD_REQUEST, errors),
         Err(RouteChangeError::Invalid(errors)) => error(StatusCode::UNPROCESSABLE_ENTITY, errors),
     }
 }

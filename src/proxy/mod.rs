@@ -338,7 +338,13 @@ impl Reloader {
             let current = engine.route_params(id).ok_or_else(no_such_route)?;
             let algorithm = engine.algorithm(id).ok_or_else(no_such_route)?;
             let params = crate::config::patch_route_controller(&current, algorithm, patch, name)
-                .map_err(|e| RouteChangeError::Invalid(lines(&e)))?;
+                .map_err(|e| {
+                    if e.malformed {
+                        RouteChangeError::Malformed(lines(&e.error))
+                    } else {
+                        RouteChangeError::Invalid(lines(&e.error))
+                    }
+                })?;
             Ok((params, file.cloned().unwrap_or(current)))
         };
         self.change_route(name, changed, "route parameters changed at runtime")
@@ -591,6 +597,9 @@ fn lines(e: &impl std::fmt::Display) -> Vec<String> {
 pub(crate) enum RouteChangeError {
     /// No route has this name.
     NoSuchRoute(String),
+    /// The change's body is no change (not a JSON object of its fields, each of its
+    /// JSON type): every problem, one a line.
+    Malformed(Vec<String>),
     /// The change is refused: every problem, one a line.
     Invalid(Vec<String>),
     /// The route has no runtime change to withdraw.

@@ -7,6 +7,67 @@ use super::*;
 
 mod reference;
 
+/// [`super::patch_controller`]'s problems, whichever kind of refusal.
+fn patch_controller(
+    current: &ControllerParams,
+    algorithm: &Algorithm,
+    json: &str,
+    withdraw: Option<&str>,
+) -> Result<ControllerParams, Vec<Problem>> {
+    super::patch_controller(current, algorithm, json, withdraw).map_err(PatchError::problems)
+}
+
+/// A body that is no change (its syntax, a field unknown, given twice or of the wrong
+/// JSON type, `null`) is told apart from a change the rules refuse: the admin API
+/// answers the first 400, the second 422.
+#[test]
+fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
+    let malformed = |json: &str| {
+        matches!(
+            super::patch_controller(
+                &ControllerParams::default(),
+                &Algorithm::default(),
+                json,
+                None
+            ),
+            Err(PatchError::Malformed(_))
+        )
+    };
+    for json in [
+        "[1]",
+        r#"{"base_limit": }"#,
+        r#"{} {}"#,
+        r#"{"colour": 1}"#,
+        r#"{"base_limit": "300"}"#,
+        r#"{"min_samples": "3"}"#,
+        r#"{"base_limit": 300, "base_limit": 300}"#,
+        r#"{"hold": null}"#,
+        r#"{"base_limit": 1e400}"#,
+    ] {
+        assert!(malformed(json), "{json}");
+    }
+    for json in [
+        r#"{"cut_limit": 300}"#,
+        r#"{"hold": 5}"#,
+        r#"{"hold": "soon"}"#,
+        r#"{"base_limit": -1}"#,
+        r#"{"roc_mode": "sideways"}"#,
+    ] {
+        assert!(
+            matches!(
+                super::patch_controller(
+                    &ControllerParams::default(),
+                    &Algorithm::default(),
+                    json,
+                    None
+                ),
+                Err(PatchError::Refused(_))
+            ),
+            "{json}"
+        );
+    }
+}
+
 /// What [`check_routes`] writes back reads as the very routes it was given, for
 /// every shipped file (tiers, events, partitions, every algorithm, relative ROC):
 /// no setting is lost or changed on the way, so the file's rules see what runs.
@@ -202,7 +263,7 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
         (
             r#"{"base_limit": "x"}"#,
             "base_limit",
-            "invalid value: string \"x\", expected a number",
+            "must be a number, got the string \"x\"",
         ),
         (
             r#"{"hold": true}"#,
