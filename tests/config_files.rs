@@ -1683,6 +1683,105 @@ fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
     assert_eq!(c.routes[0].tiers[0].base_limit_rps, 600.0);
 }
 
+/// A name where a list of tables takes an index (`ROCGATE__ROUTES__ORDER__HOLD`, the
+/// route named rather than counted) is refused naming the list and what it takes: it
+/// was ``routes: invalid type: map, expected a sequence``, which named no part of the
+/// variable that was wrong.
+#[test]
+fn a_name_where_a_list_of_tables_takes_an_index_is_refused_saying_so() {
+    let text = format!(
+        "{ORDER}partition = \"header:x-api-key\"\n[[routes.tiers]]\nname = \"vip\"\n\
+         values = [\"k1\"]\nbase_limit = 500\ncut_limit = 150\n"
+    );
+    for (var, location, list, indexed) in [
+        (
+            "ROCGATE__ROUTES__ORDER__HOLD",
+            "routes.order",
+            "routes",
+            "ROCGATE__ROUTES__0__…",
+        ),
+        (
+            "ROCGATE__ROUTES__HOLD",
+            "routes.hold",
+            "routes",
+            "ROCGATE__ROUTES__0__…",
+        ),
+        (
+            "rocgate__routes__0__tiers__vip__base_limit",
+            "routes[0].tiers.vip",
+            "routes[0].tiers",
+            "rocgate__routes__0__tiers__0__…",
+        ),
+        (
+            "ROCGATE__ROUTES__0__EVENTS__SALE__HOLD",
+            "routes[0].events.sale",
+            "routes[0].events",
+            "ROCGATE__ROUTES__0__EVENTS__0__…",
+        ),
+    ] {
+        let env = [(var.to_owned(), "5s".to_owned())];
+        let e = Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "t.toml: {location}: not a field path: {list} is a list of tables, each \
+                 named by its index from 0 ({indexed}) (set by environment variable {var})"
+            )
+        );
+    }
+}
+
+/// A number from the environment past what a number holds (`1e400`) is refused as
+/// the file's is, "number out of range", quoting the text: it read as infinity, and
+/// was refused as `must be a number > 0, got inf`, a value nobody wrote and that is
+/// more than 0. An infinite value written as such (TOML's `inf`, the environment's
+/// `inf`) is refused as not finite.
+#[test]
+fn a_number_past_the_range_or_infinite_is_refused_as_such() {
+    let env = [(
+        "ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(),
+        "1e400".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.toml: routes[0].base_limit: number out of range, got \"1e400\" \
+         (set by environment variable ROCGATE__ROUTES__0__BASE_LIMIT)"
+    );
+    let env = [("ROCGATE__DEFAULTS__MIN_RPS".to_owned(), "-1E999".to_owned())];
+    let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.toml: defaults.min_rps: number out of range, got \"-1E999\" \
+         (set by environment variable ROCGATE__DEFAULTS__MIN_RPS)"
+    );
+    refused(
+        &route("base_limit = inf"),
+        "routes[0].base_limit",
+        "must be a finite number > 0, got inf",
+    );
+    refused(
+        &route("min_rps = inf"),
+        "routes[0].min_rps",
+        "must be a finite number ≥ 0, got inf",
+    );
+    refused(
+        &route("cut_limit = nan"),
+        "routes[0].cut_limit",
+        "must be a finite number > 0, got NaN",
+    );
+    let env = [(
+        "ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(),
+        "inf".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.toml: routes[0].base_limit: must be a finite number > 0, got inf \
+         (set by environment variable ROCGATE__ROUTES__0__BASE_LIMIT)"
+    );
+}
+
 /// An empty `ROCGATE__ADMIN__TOKEN` is refused, not skipped as other empty variables
 /// are: a secret that came out empty (`ROCGATE__ADMIN__TOKEN=$TOKEN` with `TOKEN`
 /// unset) ran the admin API without a token.
@@ -3054,7 +3153,7 @@ fn a_config_built_in_code_is_validated_by_the_files_rules() {
         problems(vec![zero]),
         [
             "routes[0].base_limit: must be a number > 0, got 0",
-            "routes[0].cut_limit: must be a number > 0, got NaN",
+            "routes[0].cut_limit: must be a finite number > 0, got NaN",
             "routes[0].restore_interval: must be longer than zero",
             "routes[0].reject_status: must be an HTTP status from 400 to 599, got 200",
             "routes[0].limiter_window: must be a whole number of milliseconds, got 1ms 500us",

@@ -280,6 +280,17 @@ impl Config {
                 ));
                 continue;
             }
+            if let Some((named, list, indexed)) = o.unindexed_list() {
+                problems.push(Problem::new(
+                    named,
+                    format!(
+                        "not a field path: {list} is a list of tables, each named by its \
+                         index from 0 ({indexed}) (set by environment variable {})",
+                        o.var
+                    ),
+                ));
+                continue;
+            }
             if let Some(element) = o.list_element() {
                 problems.push(Problem::new(
                     element,
@@ -631,6 +642,38 @@ impl Override {
             "{ENV_PREFIX}{ENV_SEPARATOR}{}",
             self.path.replace('.', ENV_SEPARATOR)
         )
+    }
+
+    /// Where the path names an element of a list of tables (`routes`, a route's
+    /// `events` or `tiers`) rather than give its index (`routes.order` for
+    /// `ROCGATE__ROUTES__ORDER__HOLD`): the path up to that name, the list's, and the
+    /// variable's name up to the list followed by the index it takes
+    /// (`ROCGATE__ROUTES__0__…`). `config` read the name as a table's field, and the
+    /// list as a table, which was refused as ``routes: invalid type: map``.
+    fn unindexed_list(&self) -> Option<(String, String, String)> {
+        let parts: Vec<&str> = self.path.split('.').collect();
+        let list_at = (0..parts.len().saturating_sub(1)).find(|&i| {
+            let (name, above) = (parts[i], &parts[..i]);
+            match above {
+                [] => name == "routes",
+                [route] => route.starts_with("routes[") && (name == "events" || name == "tiers"),
+                _ => false,
+            }
+        })?;
+        let list = parts[..=list_at].join(".");
+        let named = parts[..=list_at + 1].join(".");
+        // The variable's own parts up to the list: `ROCGATE`, then one a path part
+        // (`routes[0]` was two, `ROUTES__0`).
+        let var_parts: Vec<&str> = self.var.split(ENV_SEPARATOR).collect();
+        let upto = 1 + list
+            .split('.')
+            .map(|p| 1 + p.matches('[').count())
+            .sum::<usize>();
+        let indexed = format!(
+            "{}{ENV_SEPARATOR}0{ENV_SEPARATOR}…",
+            var_parts.get(..upto)?.join(ENV_SEPARATOR)
+        );
+        Some((named, list, indexed))
     }
 
     /// The first index on the path that does not follow `routes`, `events` or `tiers`

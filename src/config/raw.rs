@@ -384,7 +384,16 @@ impl Visitor<'_> for NumVisitor {
         if !self.takes_text {
             return Err(text_for_a_number(v, read.is_ok(), &self));
         }
-        read.map_err(|_| not_text_of(v, &self))
+        match read {
+            // Past what a number holds (`1e400`), which Rust reads as infinity: refused as
+            // the file's is, not as an infinity nobody wrote (`inf` is one, refused by
+            // the field's rules).
+            Ok(Num(n)) if n.is_infinite() && v.bytes().any(|b| b.is_ascii_digit()) => Err(
+                E::custom(format!("number out of range, got {:?}", quoted(v))),
+            ),
+            Ok(n) => Ok(n),
+            Err(_) => Err(not_text_of(v, &self)),
+        }
     }
 }
 
@@ -1074,8 +1083,10 @@ fn key_count(w: Whole) -> Result<usize, String> {
 fn positive(n: Num) -> Result<f64, String> {
     if n.0.is_finite() && n.0 > 0.0 {
         Ok(n.0)
-    } else {
+    } else if n.0.is_finite() {
         Err(format!("must be a number > 0, got {}", figure(n.0)))
+    } else {
+        Err(format!("must be a finite number > 0, got {}", figure(n.0)))
     }
 }
 
@@ -1095,8 +1106,10 @@ fn limit(n: Num) -> Result<f64, String> {
 fn non_negative(n: Num) -> Result<f64, String> {
     if n.0.is_finite() && n.0 >= 0.0 {
         Ok(n.0)
-    } else {
+    } else if n.0.is_finite() {
         Err(format!("must be a number ≥ 0, got {}", figure(n.0)))
+    } else {
+        Err(format!("must be a finite number ≥ 0, got {}", figure(n.0)))
     }
 }
 
