@@ -1197,6 +1197,35 @@ async fn odd_numbers_in_a_change_are_refused_or_taken_as_the_file_would() {
     p.stop().await;
 }
 
+/// A route path naming no route is 404 naming it, quoted by its first 64 characters
+/// and its length when longer, as every value a refusal quotes: a name of 5,000
+/// characters was echoed whole, by `GET`, `PUT` and `DELETE` alike.
+#[tokio::test]
+async fn a_route_path_naming_no_route_is_quoted_bounded() {
+    let p = start(None).await;
+    let long = "x".repeat(5000);
+    for (method, path) in [
+        ("GET", format!("/admin/routes/{long}")),
+        ("PUT", format!("/admin/routes/{long}")),
+        ("DELETE", format!("/admin/routes/{long}/change")),
+    ] {
+        let (status, body) = call(p.admin, method, &path, "{}", None).await;
+        assert_eq!(status, 404, "{method}");
+        assert_eq!(
+            body["errors"],
+            serde_json::json!([format!("no route named \"{}\"… (5000 bytes)", &long[..64])]),
+            "{method}"
+        );
+    }
+    let (status, body) = call(p.admin, "GET", "/admin/routes/n%0Ape", "", None).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        body["errors"],
+        serde_json::json!(["no route named \"n\\npe\""])
+    );
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn a_change_is_a_json_object_and_nothing_else() {
     let p = start(None).await;

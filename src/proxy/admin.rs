@@ -327,11 +327,12 @@ fn error(status: StatusCode, errors: Vec<String>) -> Response {
 }
 
 /// The 404 of a route path naming no route, as `GET`, `PUT` and `DELETE
-/// /admin/routes/{name}` answer it.
+/// /admin/routes/{name}` answer it: the name quoted as a refusal quotes a value, by
+/// its first 64 characters and its length when longer, not echoed whole.
 fn no_such_route(name: &str) -> Response {
     error(
         StatusCode::NOT_FOUND,
-        vec![format!("no route named {name:?}")],
+        vec![format!("no route named {:?}", crate::config::quoted(name))],
     )
 }
 
