@@ -1683,6 +1683,42 @@ fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
     assert_eq!(c.routes[0].tiers[0].base_limit_rps, 600.0);
 }
 
+/// TOML has numbers and booleans: a file that writes one as a string
+/// (`base_limit = "300"`) is refused, naming the field and how to write it, every such
+/// field listed, as a runtime change's JSON is. It was taken as the number, because the
+/// file is read by the rules that read the environment's overrides, whose values are
+/// text; those still are (`ROCGATE__ROUTES__0__BASE_LIMIT=300`), and a string field
+/// whose text is a number (`name = "300"`) is a string.
+#[test]
+fn a_number_or_boolean_written_as_a_string_in_the_file_is_refused() {
+    let text = format!(
+        "{ORDER}base_limit = \"300\"\nmin_samples = \" 7\"\n\
+         [[routes]]\nname = \"300\"\npath = \"/b\"\ncut_limit = \"2.5e1\"\n\
+         [server]\nnormalize_path = \"true\"\n"
+    );
+    assert_eq!(
+        problems(&text),
+        [
+            "routes[0].base_limit: must be a number, got the string \"300\" (write it without quotes: 300)",
+            "routes[0].min_samples: must be a whole number ≥ 0, got the string \" 7\" (write it without quotes: 7)",
+            "routes[1].cut_limit: must be a number, got the string \"2.5e1\" (write it without quotes: 2.5e1)",
+            "server.normalize_path: must be true or false, got the string \"true\" (write it without quotes: true)",
+        ]
+    );
+    let env = [(
+        "ROCGATE__ROUTES__0__BASE_LIMIT".to_owned(),
+        "300".to_owned(),
+    )];
+    let c = Config::from_toml_str_with_env(
+        &format!("{ORDER}[[routes]]\nname = \"300\"\npath = \"/b\"\n"),
+        "t.toml",
+        env,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.routes[0].controller.base_limit_rps, 300.0);
+    assert_eq!(c.routes[1].name, "300");
+}
+
 /// A name where a list of tables takes an index (`ROCGATE__ROUTES__ORDER__HOLD`, the
 /// route named rather than counted) is refused naming the list and what it takes: it
 /// was ``routes: invalid type: map, expected a sequence``, which named no part of the

@@ -355,10 +355,14 @@ impl Config {
             .build()
             .map_err(|e| fail(vec![Problem::new("", e.to_string())]))?;
         let found = match serde_path_to_error::deserialize::<_, RawConfig>(merged.cache.clone()) {
-            Ok(raw) => match Config::try_from(raw) {
-                Ok(config) if problems.is_empty() => return Ok(config),
-                Ok(_) => Vec::new(),
-                Err(found) => attribute(found, &overrides, &file),
+            // A value the file wrote as text is a problem of shape: reported alone.
+            Ok(raw) => match file_text_for_values(&merged.cache) {
+                written if !written.is_empty() => written,
+                _ => match Config::try_from(raw) {
+                    Ok(config) if problems.is_empty() => return Ok(config),
+                    Ok(_) => Vec::new(),
+                    Err(found) => attribute(found, &overrides, &file),
+                },
             },
             Err(e) => shape_problems(e, merged.cache, &overrides),
         };
@@ -425,6 +429,133 @@ fn shape_problems(
         next = serde_path_to_error::deserialize::<_, RawConfig>(value.clone()).err();
     }
     found
+}
+
+/// Where the file writes a number or a boolean as a string (`base_limit = "300"`):
+/// a problem for each, in the file's order, naming the field, what it takes and how to
+/// write it. The fields that take a number read it from text too, for the
+/// environment's overrides, whose values are text (`ROCGATE__ROUTES__0__BASE_LIMIT=300`,
+/// still taken); TOML has numbers and booleans, as a runtime change's JSON has, which
+/// refuses them as text too. A string of the file (its origin is not the environment)
+/// whose text reads as a number or a boolean is tried in its field's place as a table:
+/// where the field then refuses it as not a number, a whole number or a boolean, it
+/// takes one (`name = "300"` is a string's field, and stays).
+fn file_text_for_values(merged: &config::Value) -> Vec<Problem> {
+    const TAKES: [&str; 3] = ["a number", "a whole number ≥ 0", "true or false"];
+    let mut texts = Vec::new();
+    file_texts(merged, &mut Vec::new(), &mut texts);
+    // What each field takes, by its path with the indices left out (`routes[].name`):
+    // a field takes the same in every element of a list, so a file of many routes is
+    // tried once per field, not once per route.
+    let mut takes_by_field: HashMap<String, Option<&str>> = HashMap::new();
+    let mut found = Vec::new();
+    for (at, text) in texts {
+        let field = at
+            .iter()
+            .map(|step| match step {
+                Step::Key(key) => format!(".{}", key_text(key)),
+                Step::Index(_) => "[]".to_owned(),
+            })
+            .collect::<String>();
+        let takes = *takes_by_field.entry(field).or_insert_with(|| {
+            let mut tried = merged.clone();
+            let leaf = leaf_at(&mut tried, &at)?;
+            leaf.kind = config::ValueKind::Table(config::Map::new());
+            let e = serde_path_to_error::deserialize::<_, RawConfig>(tried).err()?;
+            let message = shape_message(e.inner());
+            TAKES
+                .into_iter()
+                .find(|takes| message.ends_with(&format!("expected {takes}")))
+                .filter(|_| error_location(e.path()) == path_text(&at))
+        });
+        let Some(takes) = takes else {
+            continue;
+        };
+        if found.len() == MAX_SHAPE_PROBLEMS {
+            found.push(Problem::new(
+                "",
+                format!(
+                    "more problems of shape follow: the first {MAX_SHAPE_PROBLEMS} are reported"
+                ),
+            ));
+            break;
+        }
+        found.push(Problem::new(
+            path_text(&at),
+            format!(
+                "must be {takes}, got the string {:?} (write it without quotes: {})",
+                quoted(&text),
+                quoted(text.trim())
+            ),
+        ));
+    }
+    found
+}
+
+/// A step of the path to a value in a `config` tree.
+#[derive(Clone)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// The path `steps` as a problem's location names it (`routes[0].base_limit`), as
+/// [`error_location`] does.
+fn path_text(steps: &[Step]) -> String {
+    let mut out = String::new();
+    for step in steps {
+        match step {
+            Step::Index(i) => out.push_str(&format!("[{i}]")),
+            Step::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(&key_text(key));
+            }
+        }
+    }
+    out
+}
+
+/// The strings under `value` that the file wrote (not the environment) and that read as
+/// a number or a boolean, each with its path, in the file's order.
+fn file_texts(value: &config::Value, at: &mut Vec<Step>, out: &mut Vec<(Vec<Step>, String)>) {
+    match &value.kind {
+        config::ValueKind::String(text) if value.origin().is_none() => {
+            let t = text.trim();
+            if t.parse::<f64>().is_ok() || t == "true" || t == "false" {
+                out.push((at.clone(), text.clone()));
+            }
+        }
+        config::ValueKind::Table(table) => {
+            for (key, v) in table {
+                at.push(Step::Key(key.clone()));
+                file_texts(v, at, out);
+                at.pop();
+            }
+        }
+        config::ValueKind::Array(list) => {
+            for (i, v) in list.iter().enumerate() {
+                at.push(Step::Index(i));
+                file_texts(v, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The value at `steps` in `value`, if there is one.
+fn leaf_at<'a>(value: &'a mut config::Value, steps: &[Step]) -> Option<&'a mut config::Value> {
+    let mut at = value;
+    for step in steps {
+        at = match (step, &mut at.kind) {
+            (Step::Key(key), config::ValueKind::Table(table)) => table.get_mut(key)?,
+            (Step::Index(i), config::ValueKind::Array(list)) => list.get_mut(*i)?,
+            _ => return None,
+        };
+    }
+    Some(at)
 }
 
 /// Removes the field at `path` from `value`; false where the path ends at a list's
