@@ -420,6 +420,23 @@ fn a_cut_route_must_be_restored_within_a_week() {
     }
 }
 
+/// Two routes of one name are refused whatever else is wrong with either: the name
+/// of a route refused for another field (a negative `hold`) was left out of the
+/// check, and the duplicate showed only once that field was fixed.
+#[test]
+fn a_duplicate_name_is_reported_beside_the_routes_other_problems() {
+    assert_eq!(
+        problems(&format!(
+            "{ORDER}hold = \"-1s\"\n[[routes]]\nname = \"order\"\npath = \"/b\"\ncut_limit = 500\n"
+        )),
+        [
+            "routes[0].hold: must not be negative, got \"-1s\"",
+            "routes[1].cut_limit: must be ≤ base_limit (200), got 500",
+            "routes[1].name: duplicate of routes[0].name (\"order\")",
+        ]
+    );
+}
+
 #[test]
 fn route_names_and_paths() {
     refused(
@@ -1306,6 +1323,7 @@ path = \"/c\"
         "routes[1].mode: must be one of",
         "routes[1].path: must start with '/'",
         "routes[2].name: must be non-empty",
+        "routes[1].name: duplicate of routes[0].name (\"order\")",
     ];
     for e in expected {
         assert_eq!(
@@ -1315,7 +1333,8 @@ path = \"/c\"
             found.join("\n")
         );
     }
-    // The duplicate name is not reported: routes[1] was refused on its own.
+    // The duplicate name is reported beside routes[1]'s own problems (it showed only
+    // once they were fixed).
     assert_eq!(found.len(), expected.len(), "{}", found.join("\n"));
 }
 

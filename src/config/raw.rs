@@ -2190,8 +2190,15 @@ fn route_events(
     complete.then_some(events)
 }
 
-/// One route, checked on its own.
-fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Option<RouteConfig> {
+/// One route, checked on its own: its name where that is valid (the check of
+/// duplicate names takes it whatever else is wrong with the route), and the route where
+/// all of it is.
+fn route(
+    p: &mut Problems,
+    i: usize,
+    raw: RawRoute,
+    defaults: &Settings,
+) -> (Option<String>, Option<RouteConfig>) {
     let at = Scope::Route(i);
     let (mut own, settings) = raw.split();
     let s = defaults.over(settings, at, p);
@@ -2226,19 +2233,24 @@ fn route(p: &mut Problems, i: usize, raw: RawRoute, defaults: &Settings) -> Opti
     let route_limit = route_limit_of(p, at, own.route_limit, &s);
     let tiers = route_tiers(p, i, own.tiers, &s);
     let events = route_events(p, i, own.events, &s, route_limit);
-    Some(RouteConfig {
-        name: name?,
-        matcher: matcher?,
-        mode: s.mode.as_ref()?.value,
-        reject_status: s.reject_status.as_ref()?.value,
-        window: window?,
-        controller: controller?,
-        algorithm: algorithm?,
-        partition: partition?,
-        route_limit_rps: route_limit?,
-        tiers: tiers?,
-        events: events?,
-    })
+    // The route where every part of it is valid; its name is given back either way.
+    let built = || {
+        Some(RouteConfig {
+            name: name.clone()?,
+            matcher: matcher?,
+            mode: s.mode.as_ref()?.value,
+            reject_status: s.reject_status.as_ref()?.value,
+            window: window?,
+            controller: controller?,
+            algorithm: algorithm?,
+            partition: partition?,
+            route_limit_rps: route_limit?,
+            tiers: tiers?,
+            events: events?,
+        })
+    };
+    let built = built();
+    (name, built)
 }
 
 /// For each route (`None` where it is invalid), the first valid route before it that
@@ -2355,26 +2367,30 @@ impl TryFrom<RawConfig> for Config {
                 "at least one [[routes]] table is required",
             );
         }
-        let routes: Vec<Option<RouteConfig>> = raw
+        let (names, routes): (Vec<Option<String>>, Vec<Option<RouteConfig>>) = raw
             .routes
             .into_iter()
             .enumerate()
             .map(|(i, r)| route(&mut p, i, r, &defaults))
-            .collect();
+            .unzip();
         let matchers: Vec<Option<&RouteMatch>> = routes
             .iter()
             .map(|r| r.as_ref().map(|r| &r.matcher))
             .collect();
         let shadowed_by = first_shadowing(&matchers);
-        let mut names = HashMap::new();
+        let mut named = HashMap::new();
         for (j, r) in routes.iter().enumerate() {
-            let Some(r) = r else { continue };
-            if let Some(first) = names.insert(r.name.as_str(), j) {
+            let name = names[j].as_deref();
+            if let Some(first) = name.and_then(|name| named.insert(name, j)) {
                 p.at(
                     Scope::Route(j).path("name"),
-                    format!("duplicate of routes[{first}].name ({:?})", quoted(&r.name)),
+                    format!(
+                        "duplicate of routes[{first}].name ({:?})",
+                        quoted(name.unwrap_or_default())
+                    ),
                 );
             }
+            let Some(r) = r else { continue };
             let earlier = shadowed_by[j].and_then(|i| Some((i, routes[i].as_ref()?)));
             if let Some((i, e)) = earlier {
                 let field = match r.matcher.path {
