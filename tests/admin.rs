@@ -1122,6 +1122,30 @@ async fn a_number_written_as_a_string_is_refused_naming_the_field() {
     p.stop().await;
 }
 
+/// A body of thousands of unknown fields is answered with the first 50 problems and a
+/// line saying more follow: each was listed, about 250 bytes apiece, so that a 64 KiB
+/// body drew an answer of megabytes.
+#[tokio::test]
+async fn a_change_of_thousands_of_problems_is_answered_with_the_first_50() {
+    let p = start(None).await;
+    let fields: Vec<String> = (0..5000).map(|i| format!("\"f{i}\":1")).collect();
+    let body = format!("{{{}}}", fields.join(","));
+    assert!(body.len() < 64 << 10);
+    let (status, reply) = change_order(p.admin, &body).await;
+    assert_eq!(status, 400);
+    let errors = reply["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 51, "{}", errors.len());
+    assert!(errors[0]
+        .as_str()
+        .unwrap()
+        .starts_with("PUT /admin/routes/order: f0: unknown field `f0`"));
+    assert_eq!(
+        errors[50],
+        "PUT /admin/routes/order: more problems follow: the first 50 are reported"
+    );
+    p.stop().await;
+}
+
 /// A field given twice is refused naming it (which of the two a JSON reader keeps is
 /// its own choice): it was ``duplicate field `base_limit` at line 1 column 37``,
 /// with no field path where every other problem of a change has one.

@@ -3694,13 +3694,17 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
     // Whatever follows the object (a second one) would be dropped silently.
     de.end()
         .map_err(|e| vec![Problem::new("", e.to_string())])?;
+    let mut given: HashMap<&str, usize> = HashMap::new();
+    for (key, _) in &fields {
+        *given.entry(key).or_default() += 1;
+    }
     let mut problems = Vec::new();
     let mut object = serde_json::Map::new();
-    for (i, (key, value)) in fields.iter().enumerate() {
-        if fields[..i].iter().any(|(k, _)| k == key) {
+    for (key, value) in &fields {
+        if object.contains_key(key) {
             continue;
         }
-        let given = fields.iter().filter(|(k, _)| k == key).count();
+        let given = given.get(key.as_str()).copied().unwrap_or(1);
         if given > 1 {
             problems.push(Problem::new(
                 key_text(key),
@@ -3714,6 +3718,13 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
         }
         object.insert(key.clone(), value.clone());
     }
+    if problems.len() > MAX_PATCH_PROBLEMS {
+        problems.truncate(MAX_PATCH_PROBLEMS);
+        problems.push(Problem::new(
+            "",
+            format!("more problems follow: the first {MAX_PATCH_PROBLEMS} are reported"),
+        ));
+    }
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -3722,6 +3733,10 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
         vec![problem(location, e.inner().to_string())]
     })
 }
+
+/// The most problems of a change's shape reported at once: a 64 KiB body of unknown
+/// fields would otherwise be answered with megabytes of them.
+const MAX_PATCH_PROBLEMS: usize = 50;
 
 /// A JSON object's fields as written: in order, a field given twice kept twice (a map
 /// would keep one, and the change's reader would not see it was given twice).
