@@ -1228,12 +1228,12 @@ async fn odd_numbers_in_a_change_are_refused_or_taken_as_the_file_would() {
 async fn a_route_path_naming_no_route_is_quoted_bounded() {
     let p = start(None).await;
     let long = "x".repeat(5000);
-    for (method, path) in [
-        ("GET", format!("/admin/routes/{long}")),
-        ("PUT", format!("/admin/routes/{long}")),
-        ("DELETE", format!("/admin/routes/{long}/change")),
+    for (method, path, change) in [
+        ("GET", format!("/admin/routes/{long}"), ""),
+        ("PUT", format!("/admin/routes/{long}"), "{}"),
+        ("DELETE", format!("/admin/routes/{long}/change"), ""),
     ] {
-        let (status, body) = call(p.admin, method, &path, "{}", None).await;
+        let (status, body) = call(p.admin, method, &path, change, None).await;
         assert_eq!(status, 404, "{method}");
         assert_eq!(
             body["errors"],
@@ -1437,6 +1437,49 @@ async fn a_hints_query_with_an_unknown_or_repeated_field_is_refused() {
             .0,
         200
     );
+    p.stop().await;
+}
+
+/// A withdrawal and a reload take no body: one is refused with 400, naming what it got
+/// and what the endpoint does, and nothing is changed. The body was ignored, so that
+/// `curl -X POST -d @new.toml …/admin/reload`, meant to send a config, reloaded the
+/// file on disk instead. An empty body, or one of whitespace alone, is none.
+#[tokio::test]
+async fn a_withdrawal_or_reload_with_a_body_is_refused_and_changes_nothing() {
+    let p = start(None).await;
+    let (status, _) = change_order(p.admin, r#"{"base_limit": 300}"#).await;
+    assert_eq!(status, 200);
+    std::fs::write(
+        &p.file,
+        CONFIG.replace("base_limit = 1000", "base_limit = 800"),
+    )
+    .unwrap();
+    for (method, path, says) in [
+        (
+            "DELETE",
+            "/admin/routes/order/change",
+            "body: DELETE /admin/routes/order/change takes none, got 14 bytes: nothing was changed",
+        ),
+        (
+            "POST",
+            "/admin/reload",
+            "body: POST /admin/reload takes none, got 14 bytes: nothing was changed (a reload reads the config file again)",
+        ),
+    ] {
+        let (status, reply) = call(p.admin, method, path, "base_limit=100", None).await;
+        assert_eq!(status, 400, "{method} {path}: {reply}");
+        assert_eq!(reply["errors"], serde_json::json!([says]), "{method} {path}");
+    }
+    let (_, all) = call(p.admin, "GET", "/admin/routes", "", None).await;
+    assert_eq!(route(&all, "order")["runtime_change"], true, "{all}");
+    assert_eq!(route(&all, "rest")["base_limit_rps"], 1000.0, "{all}");
+    for (method, path) in [
+        ("POST", "/admin/reload"),
+        ("DELETE", "/admin/routes/order/change"),
+    ] {
+        let (status, reply) = call(p.admin, method, path, " \n", None).await;
+        assert_eq!(status, 200, "{method} {path}: {reply}");
+    }
     p.stop().await;
 }
 

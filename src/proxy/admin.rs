@@ -846,6 +846,29 @@ fn query_refused(uri: &Uri) -> Option<Response> {
     ))
 }
 
+/// The refusal of a withdrawal or reload (`method` on `uri`) that carries a body (one
+/// of whitespace alone is none), read as a change's is ([`read_body`]): neither takes
+/// one, and one ignored did what its sender may not have meant (`curl -X POST -d
+/// @new.toml …/admin/reload`, meant to send a config, reloaded the file on disk).
+/// `what` says what the endpoint does instead, where that helps.
+async fn body_refused(method: &str, uri: &Uri, body: Body, what: &str) -> Option<Response> {
+    let text = match read_body(body).await {
+        Ok(text) => text,
+        Err(refused) => return Some(refused),
+    };
+    if text.trim().is_empty() {
+        return None;
+    }
+    Some(error(
+        StatusCode::BAD_REQUEST,
+        vec![format!(
+            "body: {method} {} takes none, got {} bytes: nothing was changed{what}",
+            uri.path(),
+            text.len()
+        )],
+    ))
+}
+
 async fn one_route(
     State(state): State<AdminState>,
     name: Result<Path<String>, PathRejection>,
@@ -896,11 +919,15 @@ async fn withdraw_change(
     Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
     uri: Uri,
+    body: Body,
 ) -> Response {
     let name = match authorized_route(&state, &headers, peer, &uri, name) {
         Ok(name) => name,
         Err(refused) => return *refused,
     };
+    if let Some(refused) = body_refused("DELETE", &uri, body, "").await {
+        return refused;
+    }
     on_the_blocking_pool(move || change_answer(&state, state.reloader.withdraw_change(&name))).await
 }
 
@@ -929,11 +956,16 @@ async fn reload(
     Extension(Peer(peer)): Extension<Peer>,
     headers: HeaderMap,
     uri: Uri,
+    body: Body,
 ) -> Response {
     if let Some(denied) = unauthorized(&state, &headers, peer, uri.path()) {
         return denied;
     }
     if let Some(refused) = query_refused(&uri) {
+        return refused;
+    }
+    let reads = " (a reload reads the config file again)";
+    if let Some(refused) = body_refused("POST", &uri, body, reads).await {
         return refused;
     }
     match state.reloader.reload_async().await {
