@@ -315,3 +315,54 @@ fn a_change_of_roc_mode_shows_the_last_roc_in_the_new_mode() {
         s.roc
     );
 }
+
+/// A route restoring at 60 req/s (cut at about 10 s, calm from 11 s, restoring from
+/// 15.4 s in steps of 20 a second), stepped every slot up to 16.4 s, where its first
+/// step took it to 80.
+fn restored_one_step_at_16_4() -> (Engine, RouteId) {
+    let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, 0.0, 10.0, 40.0);
+    offer(&e, id, 10.0, 11.0, 600.0);
+    for ms in (11_000..=16_400u64).step_by(100) {
+        e.catch_up(id, Nanos::from_millis(ms));
+    }
+    assert_eq!(e.limit_rps(id).unwrap(), 80.0);
+    (e, id)
+}
+
+/// A change dated just before the slot a request has already stepped the controller
+/// through (the admin thread read the clock at 16.35 s, a request at 16.4 s took the
+/// route's state first and stepped the restore to 80): the controller has seen 16.4 s,
+/// so the change is made as of then. Dated 16.35 s, it took the restore back a step,
+/// to 60, and one that changed the step went on from there (70, not 90, at 17.4 s).
+#[test]
+fn a_change_dated_before_the_last_slot_stepped_keeps_the_restore_where_it_is() {
+    let (e, id) = restored_one_step_at_16_4();
+    let mut p = e.route_params(id).unwrap();
+    p.min_rps = 11.0;
+    e.update_route(id, p, Nanos::from_millis(16_350)).unwrap();
+    assert_eq!(e.limit_rps(id).unwrap(), 80.0);
+
+    let (e, id) = restored_one_step_at_16_4();
+    let mut p = e.route_params(id).unwrap();
+    p.restore_step_rps = 10.0;
+    e.update_route(id, p, Nanos::from_millis(16_350)).unwrap();
+    assert_eq!(e.limit_rps(id).unwrap(), 80.0);
+    e.catch_up(id, Nanos::from_millis(17_300));
+    assert_eq!(e.limit_rps(id).unwrap(), 80.0);
+    e.catch_up(id, Nanos::from_millis(17_400));
+    assert_eq!(e.limit_rps(id).unwrap(), 90.0);
+
+    let (e, _) = restored_one_step_at_16_4();
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.controller.min_rps = 11.0;
+    let e = e
+        .reload(
+            &Config::new(vec![cfg]),
+            Nanos::from_millis(16_350),
+            SystemTime::UNIX_EPOCH,
+        )
+        .unwrap();
+    assert_eq!(e.limit_rps(e.route_at(0).unwrap()).unwrap(), 80.0);
+}

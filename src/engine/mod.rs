@@ -1893,6 +1893,11 @@ impl Route {
     /// New own parameters (and, on reload, new events, with the parameters their
     /// profiles were written over) applied to the live state; a transition this makes
     /// is counted and passed to `hook`.
+    ///
+    /// Made as of `now`, or as of the end of the last slot the controller has stepped
+    /// through if that is later: a request that read the clock after the caller may
+    /// have taken the state first and stepped a slot that ends after `now` (a restore
+    /// step, an event's start), which a change dated before it would undo.
     fn reconfigure(
         &self,
         params: &ControllerParams,
@@ -1903,13 +1908,16 @@ impl Route {
     ) {
         let mut st = self.lock();
         let st = &mut *st;
+        // The events are placed by the clocks' readings taken together, the rest is
+        // dated where the controller stands.
+        let (placed_at, now) = (now, now.max(self.stepped()));
         // What is in force now: the profile due, which no request may have put in the
         // controller yet (an event that has just started or ended).
         let before = st.params_due(now).clone();
         if let Some((events, written_over)) = events {
             st.events = events
                 .iter()
-                .map(|e| ScheduledEvent::place(e, written_over, params, now, wall_now))
+                .map(|e| ScheduledEvent::place(e, written_over, params, placed_at, wall_now))
                 .collect();
         } else {
             // A runtime change: the events' profiles follow it where they leave the
@@ -1946,11 +1954,7 @@ impl Route {
     /// Publishes when the controller next raises the limit, as seen at `now`, through
     /// the scheduled events due before then, for [`Engine::restore_eta`].
     fn publish_next_raise(&self, st: &RouteState, now: Nanos) {
-        let stepped = Nanos::new(
-            self.counter
-                .current()
-                .saturating_mul(self.counter.slot_ns()),
-        );
+        let stepped = self.stepped();
         let tiers = !self.tiers.is_empty();
         let (limit, progress) = st.next_raise(now, stepped, &self.window, tiers);
         self.next_raise
@@ -1959,6 +1963,16 @@ impl Route {
             p.next_tier_raise
                 .store(progress.map_or(0, Nanos::as_u64), Ordering::Relaxed);
         }
+    }
+
+    /// The end of the last slot the route's window has completed, and its controller
+    /// stepped through: the start of the slot being accumulated.
+    fn stepped(&self) -> Nanos {
+        Nanos::new(
+            self.counter
+                .current()
+                .saturating_mul(self.counter.slot_ns()),
+        )
     }
 
     /// Starts the window at the slot containing `now` (so a clock that starts far from
