@@ -861,6 +861,49 @@ fn a_runtime_change_applies_to_the_live_state() {
     assert_eq!(a, 100);
 }
 
+/// A reload that rebuilds a route (a new window) during a cut: the cut goes on in
+/// the rebuilt route, at its limit, and takes no action for the new window's length,
+/// as after any reload; its time in cut counts from the rebuild (the old route's
+/// counted the part before). The rebuilt route started in `normal` at its base limit,
+/// full: a spike of 600 req/s had 799 admitted in the next 3 s where the cut admits
+/// 60 and 60 a second, and at a steady 600 the spike read calm and was never cut again.
+#[test]
+fn a_reload_that_rebuilds_a_route_mid_cut_keeps_the_cut() {
+    let cfg = RouteConfig::new("r", RouteMatch::any());
+    let e = engine(vec![cfg.clone()]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let at = Nanos::from_secs(11);
+    let before = e.route_snapshot(id, at).unwrap();
+    assert_eq!(
+        (before.state, before.limit_rps),
+        (ControllerState::Cut, 60.0)
+    );
+
+    let mut rebuilt = cfg;
+    rebuilt.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let e2 = e
+        .reload(&Config::new(vec![rebuilt]), at, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id2 = e2.route_at(0).unwrap();
+    assert_ne!(id2, id, "rebuilt: a new state");
+    let after = e2.route_snapshot(id2, at).unwrap();
+    assert_eq!((after.state, after.limit_rps), (ControllerState::Cut, 60.0));
+    assert_eq!(after.time_in_cut, Duration::ZERO);
+
+    let (admitted, _) = offer(&e2, id2, Key::None, 11.0, 14.0, 600.0);
+    assert!(admitted <= 60 + 3 * 60, "admitted {admitted} under the cut");
+    let s = e2.route_snapshot(id2, Nanos::from_secs(14)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 60.0));
+    assert_eq!(s.time_in_cut, Duration::from_secs(3));
+    // Calm, the restore follows: back at base as a cut that was never rebuilt is.
+    offer(&e2, id2, Key::None, 14.0, 40.0, 40.0);
+    let s = e2.route_snapshot(id2, Nanos::from_secs(40)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Normal, 200.0));
+    assert_eq!(s.cuts, 0, "the cut was the old route's");
+}
+
 #[test]
 fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     let kept = RouteConfig::new("kept", RouteMatch::prefix("/a"));

@@ -46,7 +46,7 @@ use crate::config::{
     Config, ConfigError, Event, Mode, Partition, Problem, RouteConfig, RouteMatch, Tier,
 };
 use crate::controller::{
-    Controller, ControllerParams, ControllerState, Transition, TransitionCounts,
+    Controller, ControllerMemory, ControllerParams, ControllerState, Transition, TransitionCounts,
 };
 use crate::distinct::KeySketch;
 use crate::limiter::{
@@ -348,6 +348,10 @@ struct RouteState {
     schedule: Option<Arc<Schedule>>,
     active_event: Option<usize>,
     counts: TransitionCounts,
+    /// When `counts` began: the route's build. A cut carried from the route this one
+    /// rebuilds ([`Route::new`]) counts its time in cut from then, the old route's
+    /// counts holding the time before.
+    counted_from: Nanos,
     /// When the key table was last swept.
     last_sweep: Nanos,
     /// When the shadow key table was last swept: on a cadence of its own, as one of
@@ -392,7 +396,7 @@ impl Engine {
         let routes = config
             .routes
             .iter()
-            .map(|r| Arc::new(Route::new(r, &r.controller, now, wall_now, None)))
+            .map(|r| Arc::new(Route::new(r, &r.controller, now, wall_now, None, None)))
             .collect();
         Ok(Engine::assemble(config, routes, None, None))
     }
@@ -438,7 +442,9 @@ impl Engine {
     /// window, algorithm, partition, tiers) are unchanged; their controller parameters
     /// and events are replaced in place, and a route whose parameters in force (its
     /// own, or an event's running) changed takes no action for one full window. Other
-    /// routes start fresh, but for the permits of a `concurrency` route that stays one
+    /// routes start fresh, but a route rebuilt under the same name keeps its
+    /// controller's state (a cut, a restore under way) under the new parameters,
+    /// taking no action for one window, and the permits of a `concurrency` route that stays one
     /// (by name; its mode, window, queue, matcher or limits changed), limited as a
     /// whole, or per key with the same partition (its `max_keys` and `idle_timeout`
     /// aside) and tiers: the route rebuilt takes
@@ -532,12 +538,19 @@ impl Engine {
                     }
                     None => {
                         let before = before.map(|(r, _)| r);
+                        // The controller goes on where the silence before the reload
+                        // left it: a cut is not dropped by a change of window,
+                        // algorithm, mode, partition or tiers.
+                        let carried = before.map(|r| {
+                            self.bring_up_to(r, now);
+                            r.lock().controller.memory()
+                        });
                         let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
                             keys_handed.push((i, keys, queue));
                         }
                         let written_over = &cfg.controller;
-                        let route = Route::new(&own, written_over, now, wall_now, handed);
+                        let route = Route::new(&own, written_over, now, wall_now, handed, carried);
                         // The keys the route refused since the hints history last took
                         // them, read, not taken: the old engine decides on until the
                         // swap, and its route is dropped with it.
@@ -1326,11 +1339,12 @@ impl Engine {
             events,
             active_event,
             counts,
+            counted_from,
             ..
         } = st;
         // `entered`: when the state left was entered.
         let mut record = |t: Transition, entered: Nanos| {
-            counts.record(&t, entered);
+            counts.record(&t, entered.max(*counted_from));
             if let Some(h) = hook {
                 h(&r.name, &t);
             }
@@ -1728,13 +1742,18 @@ impl Route {
     /// reload took from the route this one rebuilds ([`Route::hand_over`]), around
     /// those, set to its limit. Its events' profiles were written over `written_over`
     /// (the file's parameters of a route whose `cfg.controller` is a runtime change
-    /// kept through a reload).
+    /// kept through a reload). With `carried`, the controller of the route this one
+    /// rebuilds, as it stands at `now`, goes on under `cfg`'s parameters (a cut stays
+    /// a cut, a restore keeps its place: [`Controller::from_memory`]), taking no
+    /// action for one window, its new window empty; the limiters start full at its
+    /// limit. Else the controller starts in `Normal`.
     fn new(
         cfg: &RouteConfig,
         written_over: &ControllerParams,
         now: Nanos,
         wall_now: SystemTime,
         handed: Option<HandedOver<'_>>,
+        carried: Option<ControllerMemory>,
     ) -> Self {
         let p = &cfg.controller;
         let enforced_limit = p.base_limit_rps;
@@ -1810,12 +1829,20 @@ impl Route {
             partition: cfg.partition.clone(),
             state: Mutex::new(RouteState {
                 ring: SlotRing::new(&cfg.window),
-                controller: Controller::new(p.clone(), now, cfg.window.window()),
+                controller: carried.map_or_else(
+                    || Controller::new(p.clone(), now, cfg.window.window()),
+                    |memory| {
+                        let mut c = Controller::from_memory(p.clone(), memory, now);
+                        c.rearm(now, cfg.window.window());
+                        c
+                    },
+                ),
                 own: p.clone(),
                 schedule: None,
                 events,
                 active_event: None,
                 counts: TransitionCounts::default(),
+                counted_from: now,
                 last_sweep: now,
                 last_shadow_sweep: now,
             }),
@@ -1937,7 +1964,10 @@ impl Route {
         }
         let params = due.map_or_else(|| st.own.clone(), |i| st.events[i].params.clone());
         let changed = params != before;
-        let (counts, entered) = (&mut st.counts, st.controller.entered_at());
+        let (counts, entered) = (
+            &mut st.counts,
+            st.controller.entered_at().max(st.counted_from),
+        );
         st.controller.set_params(params, now, |t| {
             counts.record(&t, entered);
             if let Some(h) = hook {
@@ -1988,6 +2018,7 @@ impl Route {
             a.choose(st.event_total());
         }
         self.apply_limit(&st.controller, now);
+        self.publish_next_raise(st, now);
     }
 
     /// Pushes the controller's limit to the limiters, as of `at`, when it took effect
@@ -2163,7 +2194,7 @@ impl Route {
         };
         let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
         let cut_running = if c.state() == ControllerState::Cut {
-            now.saturating_since(c.entered_at())
+            now.saturating_since(c.entered_at().max(st.counted_from))
         } else {
             Duration::ZERO
         };
