@@ -1115,6 +1115,35 @@ mod tests {
         assert_eq!(c.state(), ControllerState::Normal);
     }
 
+    /// The thresholds as the README states them: a cut above `danger_roc`, not at it;
+    /// calm below `safe_roc`, not at it; the guards let a cut through at `min_rps` and
+    /// `min_samples` exactly. (The `sample` helper counts 3 s of each half's rate.)
+    #[test]
+    fn thresholds_are_strict_and_guards_inclusive() {
+        let mut c = controller();
+        // roc 80 = danger_roc: no cut; 80.5: a cut.
+        run(&mut c, 6_000, 9_000, 100.0, 180.0);
+        assert_eq!(c.state(), ControllerState::Normal);
+        run(&mut c, 9_100, 9_100, 100.0, 180.5);
+        assert_eq!(c.state(), ControllerState::Cut);
+        // roc 20 = safe_roc is not calm: the cut holds to max_cut (60 s) less a step.
+        run(&mut c, 9_200, 69_000, 100.0, 120.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+        run(&mut c, 69_100, 69_100, 100.0, 120.0);
+        assert_eq!(c.state(), ControllerState::Recovering);
+
+        // Demand of min_rps (10 req/s) exactly, and min_samples (30 of them) exactly.
+        let p = ControllerParams {
+            danger_roc: 2.0,
+            safe_roc: 1.0,
+            min_samples: 30,
+            ..ControllerParams::default()
+        };
+        let mut c = Controller::new(p, Nanos::ZERO, Duration::from_secs(6));
+        run(&mut c, 6_000, 6_000, 1.0, 10.0);
+        assert_eq!(c.state(), ControllerState::Cut);
+    }
+
     #[test]
     fn min_dwell_delays_leaving_a_state() {
         let p = ControllerParams {
