@@ -366,3 +366,46 @@ fn a_change_dated_before_the_last_slot_stepped_keeps_the_restore_where_it_is() {
         .unwrap();
     assert_eq!(e.limit_rps(e.route_at(0).unwrap()).unwrap(), 80.0);
 }
+
+/// A route whose requests a shared store decides ([`Engine::record`] counts them): its
+/// controller here does not step, the store's does. A runtime change or a reload
+/// after a spike this instance saw and a slot's silence brought the window up to date
+/// and stepped the local controller through it too, which cut, and which nothing
+/// stepped again: the route's counts held a cut the shared controller never made,
+/// its time in cut growing for good (`rocgate_cut_seconds_total`).
+#[test]
+fn a_change_to_a_route_decided_elsewhere_does_not_step_its_controller_here() {
+    for reload in [false, true] {
+        let e = engine(vec![RouteConfig::new("r", RouteMatch::any())]);
+        let id = e.route_at(0).unwrap();
+        for k in 0..400u64 {
+            e.record(id, None, Nanos::from_millis(k * 25));
+        }
+        for k in 0..600u64 {
+            e.record(id, None, Nanos::from_millis(10_000 + k * 5 / 3));
+        }
+        let at = Nanos::from_millis(11_500);
+        let e = if reload {
+            let mut cfg = RouteConfig::new("r", RouteMatch::any());
+            cfg.controller.danger_roc = 85.0;
+            e.reload(&Config::new(vec![cfg]), at, SystemTime::UNIX_EPOCH)
+                .unwrap()
+        } else {
+            let mut p = e.route_params(id).unwrap();
+            p.danger_roc = 85.0;
+            e.update_route(id, p, at).unwrap();
+            e
+        };
+        let id = e.route_at(0).unwrap();
+        let s = e.route_snapshot(id, at).unwrap();
+        assert_eq!(
+            (s.state, s.cuts),
+            (ControllerState::Normal, 0),
+            "reload {reload}"
+        );
+        assert_eq!(
+            s.offered, 1000,
+            "the window still counts what the store decided"
+        );
+    }
+}

@@ -291,6 +291,12 @@ struct Route {
     /// change (a hint there, read without the lock: loom's under loom, so that the
     /// models see a key read it as the hand-over is made; see [`Route::hand_over`]).
     handed_over: AtomicBool,
+    /// Whether a shared store decides the route's requests: set by
+    /// [`Engine::record`], which counts them, and cleared by a decision here that
+    /// rolls the window. While set, bringing the route up to date (a reload, a runtime
+    /// change, [`Engine::catch_up`]) advances its window only: its controller is the
+    /// store's to step, and one stepped here once, by whatever came next, stood there.
+    elsewhere: AtomicBool,
     /// Which of the route-wide limiters ([`BEHIND_LIMITER`], [`BEHIND_SHADOW`],
     /// [`BEHIND_TWIN`], [`BEHIND_AGGREGATE`]) a limit change has not reached yet: a
     /// token bucket's change that found its note taken, left for the next decision on
@@ -812,7 +818,10 @@ impl Engine {
     /// cut, for as long as the silence, in snapshots, metrics and the admin API; its
     /// idle keys stay in memory; an event shows only from its next request. `rocgate serve` calls this every 5 s for the
     /// routes it decides itself; the simulator at the start of every slot without
-    /// arrivals. Nothing happens if this engine does not hold `route` (see [`RouteId`]).
+    /// arrivals. A route whose requests a shared store decides ([`Engine::record`]
+    /// counts them, and no decision here has rolled its window since) has its window
+    /// advanced only: its controller is the store's to step. Nothing happens if this
+    /// engine does not hold `route` (see [`RouteId`]).
     pub fn catch_up(&self, route: RouteId, now: Nanos) {
         if let Some(r) = self.route(route) {
             self.bring_up_to(r, now);
@@ -821,7 +830,8 @@ impl Engine {
 
     /// Brings `r` up to `now`: its window rolled and its controller stepped over the
     /// slots completed since the last request (a silence), or a limit change left
-    /// half-made finished. Unlike a request, which leaves the roll to whoever holds
+    /// half-made finished. A route a shared store decides ([`Route::elsewhere`]) has
+    /// its window advanced only. Unlike a request, which leaves the roll to whoever holds
     /// the route's state, it waits for it: a snapshot holding it must not leave a
     /// change about to be made without the silence stepped before it, nor a cut that
     /// the silence outlasted in what the caller reads next.
@@ -829,7 +839,10 @@ impl Engine {
         if r.counter.needs_roll(now) {
             let mut st = r.lock();
             // A request may have rolled while this waited.
-            if r.counter.needs_roll(now) {
+            if r.elsewhere.load(Ordering::Relaxed) {
+                st.ring
+                    .advance(&r.counter, r.counter.slot_index(now), |_| {});
+            } else if r.counter.needs_roll(now) {
                 self.roll_locked(r, &mut st, now);
             }
         } else if r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES != 0 {
@@ -1225,12 +1238,17 @@ impl Engine {
     /// Counts a request that was decided elsewhere (by a shared store) at `now` as
     /// offered, and as rejected for `rejected` if it was: the route's counters,
     /// snapshots and metrics then show this instance's traffic, its window's demand
-    /// and ROC included. Its controller and limiter are left alone. Nothing is counted
-    /// if this engine does not hold `route` (see [`RouteId`]).
+    /// and ROC included. Its controller and limiter are left alone, by this and by
+    /// whatever brings the route up to date until a decision here rolls its window
+    /// (a reload, a runtime change, [`Engine::catch_up`]). Nothing is counted if this
+    /// engine does not hold `route` (see [`RouteId`]).
     pub fn record(&self, route: RouteId, rejected: Option<Reason>, now: Nanos) {
         let Some(r) = self.route(route) else {
             return;
         };
+        if !r.elsewhere.load(Ordering::Relaxed) {
+            r.elsewhere.store(true, Ordering::Relaxed);
+        }
         if r.counter.needs_roll(now) {
             Self::advance(r, now);
         }
@@ -1303,6 +1321,9 @@ impl Engine {
     /// no other request is doing so already.
     #[cold]
     fn roll(&self, r: &Route, now: Nanos) {
+        if r.elsewhere.load(Ordering::Relaxed) {
+            r.elsewhere.store(false, Ordering::Relaxed);
+        }
         if let Some(mut st) = r.try_lock() {
             self.roll_locked(r, &mut st, now);
         }
@@ -1803,6 +1824,7 @@ impl Route {
             ),
             shadow,
             handed_over: AtomicBool::new(false),
+            elsewhere: AtomicBool::new(false),
             behind: AtomicU8::new(0),
             partitioned: keys.map(|keys| {
                 Box::new(Partitioned {
