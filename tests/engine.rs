@@ -967,48 +967,233 @@ fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     );
 }
 
+/// `e` reloaded with `routes` at `at`, the epoch its wall time; the reload must succeed.
+fn reloaded_at(e: &Engine, routes: Vec<RouteConfig>, at: Nanos) -> Engine {
+    e.reload(&Config::new(routes), at, SystemTime::UNIX_EPOCH)
+        .unwrap()
+}
+
+/// A route keyed by client IP at 5 req/s (1 when cut) by `algorithm`, its table
+/// bounded by `limits`.
+fn five_per_ip_route(algorithm: Algorithm, limits: KeyLimits) -> RouteConfig {
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.algorithm = algorithm;
+    cfg.partition = Partition::ClientIp(limits);
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg
+}
+
 /// A partitioned route's `max_keys`, `idle_timeout` and `ipv6_prefix` are part of its
-/// partition: a reload that changes one rebuilds the route (README, what a reload
-/// keeps, and the `RocgateKeyTableFull` runbook), its key table empty, so a client
-/// whose bucket was drained finds a full one again; one that changes none keeps it.
+/// partition, and a reload that changes one rebuilds the route (README, what a reload
+/// keeps). One that changes only `max_keys` or `idle_timeout` carries each key's
+/// limiter state and last-seen time into the new table, under every rate algorithm:
+/// a client whose 5 were spent is still refused, another still gets its 5. The table
+/// started empty, and every drained client found its 5 again (the fresh burst the
+/// `RocgateKeyTableFull` runbook warned of). A reload that changes what a key names
+/// (`ipv6_prefix`) or the algorithm's shape still starts the keys fresh; one that
+/// changes nothing keeps the route.
 #[test]
-fn a_reload_that_changes_max_keys_rebuilds_the_partitioned_route() {
-    let cfg = |limits: KeyLimits| {
-        let mut v = RouteConfig::new("ip", RouteMatch::any());
-        v.partition = Partition::ClientIp(limits);
-        v.controller.base_limit_rps = 5.0;
-        v.controller.cut_limit_rps = 1.0;
-        v
-    };
+fn a_reload_that_changes_max_keys_or_idle_timeout_keeps_each_keys_rate_state() {
     let limits = key_table(100, None);
-    let e = engine(vec![cfg(limits)]);
     let at = Nanos::from_secs(1);
-    let id = e.route_at(0).unwrap();
-    assert_eq!(
-        admitted_at_once(&e, id, ip(1), 10, at),
-        5,
-        "the bucket drained"
-    );
-    let snap = |e: &Engine| e.route_snapshot(e.route_at(0).unwrap(), at).unwrap();
-
-    let same = reloaded(&e, vec![cfg(limits)]);
-    assert_eq!((snap(&same).keys, snap(&same).offered), (1, 10), "kept");
-    assert_eq!(
-        admitted_at_once(&same, same.route_at(0).unwrap(), ip(1), 1, at),
-        0
-    );
-
     let mut prefix = limits;
     prefix.ipv6_prefix = 48;
-    for changed in [
-        key_table(200, None),
-        key_table(100, Some(Duration::from_secs(60))),
-        prefix,
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let e = engine(vec![five_per_ip_route(algorithm, limits)]);
+        let id = e.route_at(0).unwrap();
+        assert_eq!(
+            admitted_at_once(&e, id, ip(1), 10, at),
+            5,
+            "{name}: drained"
+        );
+        let snap = |e: &Engine| e.route_snapshot(e.route_at(0).unwrap(), at).unwrap();
+
+        let same = reloaded_at(&e, vec![five_per_ip_route(algorithm, limits)], at);
+        assert_eq!((snap(&same).keys, snap(&same).offered), (1, 10), "{name}");
+
+        for changed in [
+            key_table(200, None),
+            key_table(100, Some(Duration::from_secs(60))),
+        ] {
+            let e2 = reloaded_at(&e, vec![five_per_ip_route(algorithm, changed)], at);
+            // Rebuilt (its counts start again), its key carried.
+            assert_eq!(
+                (snap(&e2).keys, snap(&e2).offered),
+                (1, 0),
+                "{name} {changed:?}"
+            );
+            let id2 = e2.route_at(0).unwrap();
+            assert_eq!(
+                admitted_at_once(&e2, id2, ip(1), 10, at),
+                0,
+                "{name} {changed:?}"
+            );
+            assert_eq!(
+                admitted_at_once(&e2, id2, ip(2), 10, at),
+                5,
+                "{name} {changed:?}"
+            );
+        }
+
+        let longer = match algorithm {
+            Algorithm::TokenBucket { .. } => Algorithm::TokenBucket {
+                burst: Duration::from_secs(2),
+            },
+            Algorithm::FixedWindow { .. } => Algorithm::FixedWindow {
+                window: Duration::from_secs(2),
+            },
+            Algorithm::SlidingWindow { .. } => Algorithm::SlidingWindow {
+                window: Duration::from_secs(2),
+            },
+            _ => Algorithm::LeakyBucket { queue: 9 },
+        };
+        for (what, cfg) in [
+            ("ipv6_prefix", five_per_ip_route(algorithm, prefix)),
+            ("shape", five_per_ip_route(longer, limits)),
+        ] {
+            let e2 = reloaded_at(&e, vec![cfg], at);
+            assert_eq!(snap(&e2).keys, 0, "{name}: {what}");
+            let id2 = e2.route_at(0).unwrap();
+            assert!(
+                admitted_at_once(&e2, id2, ip(1), 10, at) >= 5,
+                "{name}: {what} starts the key fresh"
+            );
+        }
+    }
+}
+
+/// A key carried by a reload that also raises the base limit takes the new limit:
+/// a drained bucket refills at 10/s from the reload on (5 in half a second, where 5/s
+/// gave 2), and a window's 5 counted leave room for 5 more of its new 10.
+#[test]
+fn a_key_carried_by_a_reload_takes_the_new_routes_limit() {
+    let at = Nanos::from_secs(1);
+    for (algorithm, later, more) in [
+        (RATE_ALGORITHMS[0], Nanos::from_millis(1500), 5),
+        (RATE_ALGORITHMS[1], at, 5),
     ] {
-        let e2 = reloaded(&e, vec![cfg(changed)]);
-        assert_eq!((snap(&e2).keys, snap(&e2).offered), (0, 0), "{changed:?}");
+        let e = engine(vec![five_per_ip_route(algorithm, key_table(100, None))]);
+        let id = e.route_at(0).unwrap();
+        assert_eq!(admitted_at_once(&e, id, ip(1), 10, at), 5);
+        let mut cfg = five_per_ip_route(algorithm, key_table(200, None));
+        cfg.controller.base_limit_rps = 10.0;
+        let e2 = reloaded_at(&e, vec![cfg], at);
         let id2 = e2.route_at(0).unwrap();
-        assert_eq!(admitted_at_once(&e2, id2, ip(1), 10, at), 5, "{changed:?}");
+        let admitted = admitted_at_once(&e2, id2, ip(1), 20, later);
+        assert_eq!(admitted, more, "{}", algorithm.name());
+    }
+}
+
+/// A reload that changes a header-keyed route's header starts its keys fresh: the
+/// same value names another client's key.
+#[test]
+fn a_reload_that_changes_the_key_header_starts_the_keys_fresh() {
+    let e = engine(vec![vip_keys(key_table(100, None), &["gold"])]);
+    let at = Nanos::from_secs(1);
+    let id = e.route_at(0).unwrap();
+    assert_eq!(admitted_at_once(&e, id, Key::Value("a"), 20, at), 10);
+    let mut cfg = vip_keys(key_table(200, None), &["gold"]);
+    cfg.partition = Partition::Header("x-other".into(), key_table(200, None));
+    let e2 = reloaded_at(&e, vec![cfg], at);
+    let id2 = e2.route_at(0).unwrap();
+    assert_eq!(admitted_at_once(&e2, id2, Key::Value("a"), 20, at), 10);
+}
+
+/// A reload to a smaller `max_keys` keeps the keys most recently seen, up to it: of
+/// four clients, the two seen last keep their state; the others, come back, find the
+/// table full and go to the shared overflow limiter. Every key was dropped.
+#[test]
+fn a_reload_to_fewer_max_keys_keeps_the_keys_seen_last() {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let e = engine(vec![five_per_ip_route(algorithm, key_table(100, None))]);
+        let id = e.route_at(0).unwrap();
+        for (n, s) in [(1, 1), (2, 1), (3, 2), (4, 2)] {
+            let now = Nanos::from_secs(s);
+            assert_eq!(admitted_at_once(&e, id, ip(n), 10, now), 5, "{name}");
+        }
+        let at = Nanos::from_secs(2);
+        let e2 = reloaded_at(
+            &e,
+            vec![five_per_ip_route(algorithm, key_table(2, None))],
+            at,
+        );
+        let id2 = e2.route_at(0).unwrap();
+        assert_eq!(e2.route_snapshot(id2, at).unwrap().keys, 2, "{name}");
+        for n in [3, 4] {
+            assert_eq!(admitted_at_once(&e2, id2, ip(n), 10, at), 0, "{name}: {n}");
+        }
+        assert_eq!(admitted_at_once(&e2, id2, ip(1), 10, at), 5, "{name}");
+        let snap = e2.route_snapshot(id2, at).unwrap();
+        assert_eq!((snap.keys, snap.keys_overflowed), (2, 10), "{name}");
+    }
+}
+
+/// A reload that changes `max_keys` carries a tier's key, at its tier's limit, and
+/// keeps it beyond a smaller `max_keys`, where a key of a tier takes a place anyway:
+/// "gold" and "plain" keep what they spent. Both came back full.
+#[test]
+fn a_reload_that_changes_max_keys_carries_the_keys_of_tiers() {
+    let e = engine(vec![vip_keys(key_table(100, None), &["gold"])]);
+    let at = Nanos::from_secs(1);
+    let id = e.route_at(0).unwrap();
+    assert_eq!(admitted_at_once(&e, id, Key::Value("gold"), 200, at), 100);
+    assert_eq!(admitted_at_once(&e, id, Key::Value("plain"), 20, at), 10);
+    let e2 = reloaded_at(&e, vec![vip_keys(key_table(1, None), &["gold"])], at);
+    let id2 = e2.route_at(0).unwrap();
+    assert_eq!(e2.route_snapshot(id2, at).unwrap().keys, 2);
+    assert_eq!(e2.key_limit_rps(id2, Key::Value("gold")), Some(100.0));
+    assert_eq!(admitted_at_once(&e2, id2, Key::Value("gold"), 200, at), 0);
+    assert_eq!(admitted_at_once(&e2, id2, Key::Value("plain"), 20, at), 0);
+    // Half a second on, each has refilled at its own limit.
+    let later = Nanos::from_millis(1500);
+    assert_eq!(
+        admitted_at_once(&e2, id2, Key::Value("gold"), 200, later),
+        50
+    );
+    assert_eq!(
+        admitted_at_once(&e2, id2, Key::Value("plain"), 20, later),
+        5
+    );
+}
+
+/// A reload that changes `idle_timeout` carries the shared overflow limiter and the
+/// keyless one too: drained on the old engine, they are drained on the new one, under
+/// every rate algorithm. Both were full again.
+#[test]
+fn a_reload_that_changes_idle_timeout_carries_the_overflow_and_keyless_states() {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let e = engine(vec![five_per_ip_route(algorithm, key_table(1, None))]);
+        let at = Nanos::from_secs(1);
+        let id = e.route_at(0).unwrap();
+        assert_eq!(admitted_at_once(&e, id, ip(1), 1, at), 1, "{name}");
+        assert_eq!(
+            admitted_at_once(&e, id, ip(2), 10, at),
+            5,
+            "{name}: overflow"
+        );
+        assert_eq!(
+            admitted_at_once(&e, id, Key::None, 10, at),
+            5,
+            "{name}: keyless"
+        );
+        let changed = key_table(1, Some(Duration::from_secs(60)));
+        let e2 = reloaded_at(&e, vec![five_per_ip_route(algorithm, changed)], at);
+        let id2 = e2.route_at(0).unwrap();
+        assert_eq!(
+            admitted_at_once(&e2, id2, ip(3), 10, at),
+            0,
+            "{name}: overflow"
+        );
+        assert_eq!(
+            admitted_at_once(&e2, id2, Key::None, 10, at),
+            0,
+            "{name}: keyless"
+        );
+        assert_eq!(admitted_at_once(&e2, id2, ip(1), 10, at), 4, "{name}: ip 1");
     }
 }
 

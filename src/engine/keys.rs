@@ -143,11 +143,17 @@ impl Keys {
         with_tables!(self, t => t.tiers())
     }
 
-    /// Takes over the concurrency permits of `from`, the keys of a route that a reload
-    /// rebuilds into this one's ([`KeyTable::take_over`]); nothing unless both are
-    /// concurrency keys of one kind.
+    /// Takes over the keys of `from`, those of a route that a reload rebuilds into this
+    /// one's (same keys, algorithm shape and tiers): a concurrency key's permits, and
+    /// requests queued for them at most `queue` from now on ([`KeyTable::take_over`]);
+    /// a rate algorithm's key's limiter state, copied ([`KeyTable::carry`]). Nothing
+    /// unless both are keys of one algorithm and kind.
     pub(super) fn take_over(&mut self, from: &Keys, queue: u32) {
         match (self, from) {
+            (Keys::Bucket(new), Keys::Bucket(old)) => new.carry(old, false, BucketKey::carried),
+            (Keys::Fixed(new), Keys::Fixed(old)) => new.carry(old, false, WordKey::carried),
+            (Keys::Sliding(new), Keys::Sliding(old)) => new.carry(old, false, WordKey::carried),
+            (Keys::Leaky(new), Keys::Leaky(old)) => new.carry(old, false, WordKey::carried),
             (Keys::Concurrency(KeyTables::Ip(new)), Keys::Concurrency(KeyTables::Ip(old))) => {
                 new.take_over(old, queue)
             }
@@ -206,6 +212,15 @@ impl Keys {
 }
 
 impl<E: KeyState> KeyTables<E> {
+    /// [`KeyTable::carry`] between tables of one key kind; nothing between two kinds.
+    fn carry(&mut self, from: &Self, all: bool, carried: impl Fn(&E, &TierTable, Nanos) -> E) {
+        match (self, from) {
+            (KeyTables::Ip(new), KeyTables::Ip(old)) => new.carry(old, all, carried),
+            (KeyTables::Value(new), KeyTables::Value(old)) => new.carry(old, all, carried),
+            _ => {}
+        }
+    }
+
     /// The tables of a partitioned route (`None` for a route limited as a whole).
     fn new(cfg: &RouteConfig, shape: u32, now: Nanos, hold_base: bool) -> Option<Self> {
         match &cfg.partition {
@@ -431,6 +446,12 @@ pub(super) trait KeyState: Send + Sync {
     fn wait(&self, _tiers: &TierTable, _now: Nanos) -> u64 {
         0
     }
+
+    /// Whole seconds on the engine's clock when the key was last seen.
+    fn seen_s(&self) -> u32;
+
+    /// The tier the key belongs to (0: none).
+    fn tier(&self) -> u16;
 }
 
 /// Whole seconds on the engine's clock, as kept per key (136 years fit).
@@ -481,6 +502,17 @@ impl KeyMeta {
     /// the second `cutoff` itself may have been seen after the instant it stands for.
     fn unseen_since(&self, cutoff: u32) -> bool {
         unseen_since(&self.last_seen_s, cutoff)
+    }
+
+    /// This key's tier and last-seen time, for a key carried into the table of the
+    /// route a reload rebuilds (same tiers) as a new key of it is set: generation 0,
+    /// which a limit change of that route moves past ([`Route::start`] makes one).
+    fn carried(&self) -> Self {
+        KeyMeta {
+            generation: AtomicU32::new(0),
+            last_seen_s: AtomicU32::new(self.last_seen_s.load(Ordering::Relaxed)),
+            tier: self.tier,
+        }
     }
 }
 
@@ -595,9 +627,33 @@ impl KeyState for BucketKey {
     fn wait(&self, _tiers: &TierTable, now: Nanos) -> u64 {
         self.words().wait(now)
     }
+
+    fn seen_s(&self) -> u32 {
+        self.meta.last_seen_s.load(Ordering::Relaxed)
+    }
+
+    fn tier(&self) -> u16 {
+        self.meta.tier
+    }
 }
 
 impl BucketKey {
+    /// This key carried into `tiers`, the table of the route a reload rebuilds (same
+    /// burst and tiers): a bucket at the key's limit there (its tier's base, as the
+    /// new route starts) holding the tokens this one holds at `at` (clamped to its
+    /// capacity), and this key's last-seen time.
+    fn carried(&self, tiers: &TierTable, at: Nanos) -> Self {
+        let (t, capacity) = gcra::params(tiers.limit(self.meta.tier, 1.0), tiers.shape);
+        let key = BucketKey {
+            tat: AtomicU64::new(gcra::full_at(at)),
+            emission_ns: AtomicU64::new(t),
+            capacity: AtomicU32::new(capacity),
+            meta: self.meta.carried(),
+        };
+        key.words().copy_tat(self.words(), at);
+        key
+    }
+
     /// Sets the key's bucket at the route's limit if the route changed it since the
     /// key last looked, dated by the last change of its table's limits
     /// ([`TierTable::set_default`]): refilled at its old rate until then, at the new one
@@ -640,7 +696,7 @@ pub(super) struct WordKey<A> {
 }
 
 /// An algorithm whose per-key state is one word: its decision on [`words`].
-trait WordAlgo {
+pub(super) trait WordAlgo {
     /// The limit word for `limit` req/s.
     fn limit_word(limit: f64) -> u64;
 
@@ -788,6 +844,29 @@ impl<A: WordAlgo> KeyState for WordKey<A> {
         let limit = self.limit.load(Ordering::Relaxed);
         A::wait(&self.state, limit, tiers.shape, now)
     }
+
+    fn seen_s(&self) -> u32 {
+        self.meta.last_seen_s.load(Ordering::Relaxed)
+    }
+
+    fn tier(&self) -> u16 {
+        self.meta.tier
+    }
+}
+
+impl<A: WordAlgo> WordKey<A> {
+    /// This key carried into `tiers`, the table of the route a reload rebuilds (same
+    /// window or queue, and tiers): its state word as it is (the counts in its
+    /// windows, or when its next request may leave), its limit word the key's limit
+    /// there (its tier's base, as the new route starts), and its last-seen time.
+    fn carried(&self, tiers: &TierTable, _at: Nanos) -> Self {
+        WordKey {
+            state: AtomicU64::new(self.state.load(Ordering::Acquire)),
+            limit: AtomicU64::new(A::limit_word(tiers.limit(self.meta.tier, 1.0))),
+            meta: self.meta.carried(),
+            algorithm: PhantomData,
+        }
+    }
 }
 
 /// A key of the concurrency limiter. Its permits outlive any place in the key table
@@ -829,6 +908,14 @@ impl KeyState for ConcurrencyKey {
         // A request still queued counts as held: a permit handed back leaves none in
         // flight until the request it woke takes it, from this state.
         unseen_since(&self.last_seen_s, cutoff) && self.limiter.is_idle()
+    }
+
+    fn seen_s(&self) -> u32 {
+        self.last_seen_s.load(Ordering::Relaxed)
+    }
+
+    fn tier(&self) -> u16 {
+        self.limiter.key_tier()
     }
 }
 
@@ -879,8 +966,8 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
     /// deciding on the old engine as the new one is put in force may still take a
     /// permit of it, which the new route then counts.
     fn take_over(&mut self, from: &Self, queue: u32) {
-        let tiers = &self.tiers;
-        let carried = |old: &ConcurrencyKey| {
+        // Every key, whatever `max_keys`: a permit held must be counted.
+        self.carry(from, true, |old: &ConcurrencyKey, tiers, _| {
             let limiter = old.limiter.handed_over(queue);
             // Set for this route as a new key is: generation 0, at its base limit.
             limiter.key_generation().store(0, Ordering::Relaxed);
@@ -889,16 +976,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
                 limiter,
                 last_seen_s: AtomicU32::new(old.last_seen_s.load(Ordering::Relaxed)),
             }
-        };
-        self.overflow = carried(&from.overflow);
-        self.anonymous = carried(&from.anonymous);
-        if let Some(old) = from.map.get() {
-            let map = self.map.get_or_init(KeyMap::new);
-            for entry in old.iter() {
-                map.insert(entry.key().clone(), carried(entry.value()));
-                self.len.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        });
         // Requests may be queued under the old route's queue until it is handed over,
         // key by key, and after it, a request that read the old queue: any key of a
         // table with one may hold some.
@@ -919,6 +997,19 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
             }
         }
     }
+}
+
+/// Of keys in no tier last seen in the seconds `seen`, the `max` seen last: the second
+/// the earliest of them was seen, and how many of the keys seen in it they count
+/// (`None`: every key fits).
+fn last_kept(mut seen: Vec<u32>, max: usize) -> Option<(u32, usize)> {
+    let first = seen.len().checked_sub(max).filter(|&n| n > 0)?;
+    if max == 0 {
+        return Some((u32::MAX, 0));
+    }
+    let (_, &mut second, later) = seen.select_nth_unstable(first);
+    let after = later.iter().filter(|&&s| s > second).count();
+    Some((second, max - after))
 }
 
 /// The hash the requests without a key are counted by among the keys refused, as
@@ -1137,6 +1228,60 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             Some(map) if take => map.refused.take(),
             Some(map) => map.refused.read(),
             None => KeySketch::new(),
+        }
+    }
+
+    /// Takes in the keys of `from`, the table of a route that a reload rebuilds into
+    /// this one's (same keys, algorithm shape and tiers), each made this table's by
+    /// `carried` (given this table's tiers and the date of its limits, the reload's
+    /// `now`), and its shared overflow and keyless states likewise. Unless `all`, where
+    /// `from` holds more keys in no tier than this table's `max_keys`, those seen last
+    /// are kept, up to it (by the second they were last seen, a tie broken by the map's
+    /// order), and the others dropped: come back, each is a new key (or the overflow
+    /// limiter's, the table full). A key of a tier is kept, as it takes a place beyond
+    /// `max_keys` anyway.
+    ///
+    /// `from`'s route decides on until the new engine is put in force: a key first
+    /// seen there after it is read is not carried, and a request decided there after
+    /// its key is read is not counted here.
+    fn carry(&mut self, from: &Self, all: bool, carried: impl Fn(&E, &TierTable, Nanos) -> E)
+    where
+        K: Clone,
+    {
+        let at = Nanos::new(self.tiers.changed_at.load(Ordering::Relaxed));
+        self.overflow = carried(&from.overflow, &self.tiers, at);
+        self.anonymous = carried(&from.anonymous, &self.tiers, at);
+        let Some(old) = from.map.get() else {
+            return;
+        };
+        let max = self.limits.max_keys;
+        // The second the last key in no tier kept was seen, and how many of those seen
+        // then are kept (`None`: every key is).
+        let mut cut = if all {
+            None
+        } else {
+            let seen = old.iter().filter(|e| e.tier() == 0).map(|e| e.seen_s());
+            last_kept(seen.collect(), max)
+        };
+        let mut untiered = 0;
+        let map = self.map.get_or_init(KeyMap::new);
+        for entry in old.iter() {
+            let key = entry.value();
+            if let Some((second, at_second)) = &mut cut {
+                if key.tier() == 0 {
+                    let seen = key.seen_s();
+                    // A key seen on the old engine since it was counted may make more.
+                    if untiered == max || seen < *second || (seen == *second && *at_second == 0) {
+                        continue;
+                    }
+                    if seen == *second {
+                        *at_second -= 1;
+                    }
+                    untiered += 1;
+                }
+            }
+            map.insert(entry.key().clone(), carried(key, &self.tiers, at));
+            self.len.fetch_add(1, Ordering::Relaxed);
         }
     }
 

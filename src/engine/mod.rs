@@ -459,7 +459,15 @@ impl Engine {
     /// place in it; from then on their limit is the new route's to set, and the old
     /// route leaves it alone. Both engines share the kept routes and the permits taken
     /// over, so requests still in flight on the old one count in the new one. A
-    /// partitioned route rebuilt under the same name carries the keys it refused
+    /// partitioned route limited by a rate algorithm that stays the same (with its
+    /// burst, window or queue), rebuilt with the same keys and tiers, carries each key's
+    /// state (tokens, window counts, leaky schedule) and last-seen time, and the shared
+    /// overflow and keyless states, into the new route at its limit for the key: copied
+    /// once the new engine is built, the most recently seen up to a smaller `max_keys`
+    /// (and every key of a tier). The old route decides on its own state until the new
+    /// engine is put in force: a request it decides after its key was copied is not
+    /// counted in the new route. A partitioned route rebuilt under the same name
+    /// carries the keys it refused
     /// since the hints history last took them ([`Engine::take_refused_keys`]; a kept
     /// route holds them still), counted by the same hash.
     /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
@@ -1695,13 +1703,15 @@ fn refused_by_file(
 
 /// What a reload takes from a route it rebuilds, for the route built in its place
 /// ([`Route::hand_over`]): the concurrency permits held and queued for, route wide, or
-/// in the keys of a partitioned route with the new route's queue.
+/// in the keys of a partitioned route with the new route's queue; or the keys of a
+/// partitioned route limited by a rate algorithm.
 enum HandedOver<'a> {
     /// The route-wide permits, their queue already the new route's.
     Route(Concurrency),
-    /// The keys whose permits the new route's keys take over (once the new engine is
-    /// built: [`Engine::reload_keeping`]), its queue, and the old route's generation
-    /// then, which the new route's counts on from.
+    /// The keys whose permits, or rate state, the new route's keys take over (once the
+    /// new engine is built: [`Engine::reload_keeping`]), its concurrency queue (0 for
+    /// a rate algorithm), and the old route's generation then, which the new route's
+    /// counts on from.
     Keys(&'a Keys, u32, u64),
 }
 
@@ -1906,9 +1916,24 @@ impl Route {
     /// before may set this route's limit after the new route set its own, with this
     /// route's generation, which the new route's, counting on from it, never is: the
     /// new route's next request on the key sets it again.
+    ///
+    /// A partitioned route limited by a rate algorithm hands its keys over too, to a
+    /// route with the same keys, tiers and algorithm (the same burst, window or
+    /// queue): they are copied into the new route's table once the new engine is built
+    /// ([`Keys::take_over`]), not shared. This route keeps its own, and their limit,
+    /// for the requests it decides until the new engine is put in force.
     fn hand_over<'a>(&'a self, cfg: &RouteConfig) -> Option<HandedOver<'a>> {
         let Algorithm::Concurrency { queue } = cfg.algorithm else {
-            return None;
+            let keys = self.keys().filter(|_| {
+                self.algorithm == cfg.algorithm
+                    && same_keys(&cfg.partition, &self.partition)
+                    && cfg.tiers[..] == self.tiers[..]
+            })?;
+            return Some(HandedOver::Keys(
+                keys,
+                0,
+                self.generation.load(Ordering::SeqCst),
+            ));
         };
         let _st = self.lock();
         let handed = match (self.keys(), &self.limiter) {
