@@ -1350,6 +1350,20 @@ mod tests {
     use super::*;
     use crate::engine::Key;
 
+    /// Of keys seen in the seconds given, the `max` seen last are those after the
+    /// second returned and as many as it says of those seen in it: ties at the cut
+    /// are kept up to `max`, and a table of no places keeps none.
+    #[test]
+    fn the_keys_kept_at_a_smaller_max_keys_are_those_seen_last() {
+        assert_eq!(last_kept(vec![3, 1, 2], 3), None);
+        assert_eq!(last_kept(vec![3, 1, 2], 5), None);
+        assert_eq!(last_kept(vec![3, 1, 2, 4], 2), Some((3, 1)));
+        assert_eq!(last_kept(vec![2, 2, 1, 2, 5], 3), Some((2, 2)));
+        assert_eq!(last_kept(vec![7, 7, 7], 1), Some((7, 1)));
+        assert_eq!(last_kept(vec![1, 2], 0), Some((u32::MAX, 0)));
+        assert_eq!(last_kept(vec![], 0), None);
+    }
+
     /// The layout the per-key memory target rests on (`tests/memory.rs` measures the
     /// tables): a key of the token bucket, either window or the leaky bucket and its
     /// 16-byte key fill a 48-byte slot.

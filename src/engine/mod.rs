@@ -119,7 +119,7 @@ impl RouteId {
 /// Whether two partitions key a request alike: the same kind, header and IPv6
 /// prefix, whatever their tables' `max_keys` and `idle_timeout`, which bound a table
 /// and leave what a key names alone. A reload hands a keyed `concurrency` route's
-/// permits over between such partitions.
+/// permits over between such partitions, and a keyed rate algorithm's state.
 fn same_keys(a: &Partition, b: &Partition) -> bool {
     match (a, b) {
         (Partition::Route, Partition::Route) => true,
