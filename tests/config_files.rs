@@ -437,6 +437,23 @@ fn a_duplicate_name_is_reported_beside_the_routes_other_problems() {
     );
 }
 
+/// A third route of a name is named a duplicate of the first, as the second is: it
+/// was named a duplicate of the second, each route of the name pointing at the one
+/// before it.
+#[test]
+fn every_duplicate_name_points_at_the_first_route_of_it() {
+    assert_eq!(
+        problems(&format!(
+            "{ORDER}[[routes]]\nname = \"order\"\npath = \"/b\"\n\
+             [[routes]]\nname = \"order\"\npath = \"/c\"\n"
+        )),
+        [
+            "routes[1].name: duplicate of routes[0].name (\"order\")",
+            "routes[2].name: duplicate of routes[0].name (\"order\")",
+        ]
+    );
+}
+
 #[test]
 fn route_names_and_paths() {
     refused(

@@ -2378,17 +2378,17 @@ impl TryFrom<RawConfig> for Config {
             .map(|r| r.as_ref().map(|r| &r.matcher))
             .collect();
         let shadowed_by = first_shadowing(&matchers);
+        // Each name's first route: every later one is named a duplicate of it.
         let mut named = HashMap::new();
         for (j, r) in routes.iter().enumerate() {
-            let name = names[j].as_deref();
-            if let Some(first) = name.and_then(|name| named.insert(name, j)) {
-                p.at(
-                    Scope::Route(j).path("name"),
-                    format!(
-                        "duplicate of routes[{first}].name ({:?})",
-                        quoted(name.unwrap_or_default())
-                    ),
-                );
+            if let Some(name) = names[j].as_deref() {
+                let first = *named.entry(name).or_insert(j);
+                if first != j {
+                    p.at(
+                        Scope::Route(j).path("name"),
+                        format!("duplicate of routes[{first}].name ({:?})", quoted(name)),
+                    );
+                }
             }
             let Some(r) = r else { continue };
             let earlier = shadowed_by[j].and_then(|i| Some((i, routes[i].as_ref()?)));
