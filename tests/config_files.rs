@@ -1755,6 +1755,26 @@ fn a_number_or_boolean_written_as_a_string_in_the_file_is_refused() {
     assert_eq!(c.routes[1].name, "300");
 }
 
+/// The file is told to write a number without its quotes only where that is a number:
+/// `base_limit = ".5"`, `"+5"` or `"Infinity"` without the quotes is no TOML; each is
+/// refused as a string all the same.
+#[test]
+fn a_number_as_a_string_in_the_file_is_told_to_drop_the_quotes_only_where_that_reads() {
+    let text = format!(
+        "{ORDER}base_limit = \".5\"\ncut_limit = \"+5\"\ndanger_roc = \"Infinity\"\n\
+         min_rps = \"1.5e1\"\n"
+    );
+    assert_eq!(
+        problems(&text),
+        [
+            "routes[0].base_limit: must be a number, got the string \".5\"",
+            "routes[0].cut_limit: must be a number, got the string \"+5\"",
+            "routes[0].danger_roc: must be a number, got the string \"Infinity\"",
+            "routes[0].min_rps: must be a number, got the string \"1.5e1\" (write it without quotes: 1.5e1)",
+        ]
+    );
+}
+
 /// A name where a list of tables takes an index (`ROCGATE__ROUTES__ORDER__HOLD`, the
 /// route named rather than counted) is refused naming the list and what it takes: it
 /// was ``routes: invalid type: map, expected a sequence``, which named no part of the

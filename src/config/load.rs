@@ -4,7 +4,9 @@
 //! The file is read with the `config` crate, which also applies the overrides; see
 //! [`Config::load`] for how variables name fields.
 
-use super::raw::{error_location, key_text, node_urls, one_line, RawConfig};
+use super::raw::{
+    bare_number, error_location, key_text, node_urls, one_line, text_refusal, RawConfig,
+};
 use super::{escaped, quoted, quotes_bounded, Config};
 use crate::store::masked_url;
 use std::borrow::Cow;
@@ -480,13 +482,14 @@ fn file_text_for_values(merged: &config::Value) -> Vec<Problem> {
             ));
             break;
         }
+        let bare = match takes {
+            "true or false" => Some(text.trim()),
+            "a number" => bare_number(&text, false),
+            _ => bare_number(&text, true),
+        };
         found.push(Problem::new(
             path_text(&at),
-            format!(
-                "must be {takes}, got the string {:?} (write it without quotes: {})",
-                quoted(&text),
-                quoted(text.trim())
-            ),
+            text_refusal(&text, bare, &takes),
         ));
     }
     found

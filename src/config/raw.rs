@@ -380,10 +380,10 @@ impl Visitor<'_> for NumVisitor {
         Ok(Num(v))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
-        let read = v.trim().parse().map(Num);
         if !self.takes_text {
-            return Err(text_for_a_number(v, read.is_ok(), &self));
+            return Err(text_for_a_number(v, false, &self));
         }
+        let read = v.trim().parse().map(Num);
         match read {
             // Past what a number holds (`1e400`), which Rust reads as infinity: refused as
             // the file's is, not as an infinity nobody wrote (`inf` is one, refused by
@@ -429,11 +429,13 @@ impl Visitor<'_> for WholeVisitor {
         Err(E::invalid_value(Unexpected::Float(v), &self))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Whole, E> {
-        let read = v.trim().parse().map(Whole);
         if !self.takes_text {
-            return Err(text_for_a_number(v, read.is_ok(), &self));
+            return Err(text_for_a_number(v, true, &self));
         }
-        read.map_err(|_| not_text_of(v, &self))
+        v.trim()
+            .parse()
+            .map(Whole)
+            .map_err(|_| not_text_of(v, &self))
     }
 }
 
@@ -463,16 +465,32 @@ impl<'de> Deserialize<'de> for JsonWhole {
 
 /// The refusal of the JSON string `v` where a number goes: what the field takes, and
 /// where the text is such a number (`"300"`), how to write it.
-fn text_for_a_number<E: de::Error>(v: &str, a_number: bool, expected: &dyn de::Expected) -> E {
-    let how = if a_number {
-        format!(" (write it without quotes: {})", quoted(v.trim()))
-    } else {
-        String::new()
-    };
-    E::custom(format!(
-        "must be {expected}, got the string {:?}{how}",
-        quoted(v)
+fn text_for_a_number<E: de::Error>(v: &str, whole: bool, expected: &dyn de::Expected) -> E {
+    E::custom(text_refusal(
+        v,
+        bare_number(v, whole),
+        &format_args!("{expected}"),
     ))
+}
+
+/// The refusal of the string `v` (as the file or a change wrote it) where a field takes
+/// `expected`, a number or a boolean: with how to write it, `bare`, where it has one.
+pub(super) fn text_refusal(v: &str, bare: Option<&str>, expected: &dyn fmt::Display) -> String {
+    let how = bare
+        .map(|bare| format!(" (write it without quotes: {})", quoted(bare)))
+        .unwrap_or_default();
+    format!("must be {expected}, got the string {:?}{how}", quoted(v))
+}
+
+/// `text` without the whitespace around it, where it is a number as JSON and TOML both
+/// write one (`-2.5e1`: not `.5`, `+5`, `007`, `Infinity`, `NaN`, nor `1e400`, past what
+/// a number holds) and, if `whole`, a whole number ≥ 0: how a number written as a
+/// string is written without its quotes. Only such text is advised, so that the advice
+/// is never text that does not read, or that the field refuses as no whole number.
+pub(super) fn bare_number(text: &str, whole: bool) -> Option<&str> {
+    let bare = text.trim();
+    serde_json::from_str::<serde_json::Number>(bare).ok()?;
+    (!whole || bare.parse::<u64>().is_ok()).then_some(bare)
 }
 
 /// `true` or `false`, as written in the file or as text from the environment (where

@@ -68,6 +68,45 @@ fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
     }
 }
 
+/// A number written as a string is told how to write it only where its text, without
+/// the quotes, is a JSON number the field takes: `Infinity`, `NaN`, `.5`, `+5`, `007`
+/// and `1e400` are no JSON number, and `7.0` no whole one, so the advice was a change
+/// that is no JSON or refused again.
+#[test]
+fn a_number_as_a_string_is_told_to_drop_the_quotes_only_where_that_reads() {
+    let said = |json: &str| {
+        patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            json,
+            None,
+        )
+        .unwrap_err()[0]
+            .message()
+            .to_owned()
+    };
+    for text in [
+        "Infinity", "NaN", "inf", ".5", "5.", "+5", "007", "1e400", "0x10",
+    ] {
+        assert_eq!(
+            said(&format!(r#"{{"base_limit": "{text}"}}"#)),
+            format!("must be a number, got the string \"{text}\""),
+            "{text}"
+        );
+    }
+    for text in ["7.0", "+7", "1e2"] {
+        assert_eq!(
+            said(&format!(r#"{{"min_samples": "{text}"}}"#)),
+            format!("must be a whole number ≥ 0, got the string \"{text}\""),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        said(r#"{"base_limit": " -2.5e1 "}"#),
+        "must be a number, got the string \" -2.5e1 \" (write it without quotes: -2.5e1)"
+    );
+}
+
 /// What [`check_routes`] writes back reads as the very routes it was given, for
 /// every shipped file (tiers, events, partitions, every algorithm, relative ROC):
 /// no setting is lost or changed on the way, so the file's rules see what runs.
