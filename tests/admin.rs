@@ -1194,12 +1194,12 @@ async fn odd_numbers_in_a_change_are_refused_or_taken_as_the_file_would() {
         ),
         (
             r#"{"min_samples": 2.5}"#,
-            400,
+            422,
             "min_samples: invalid value: floating point `2.5`, expected a whole number ≥ 0",
         ),
         (
             r#"{"min_samples": -1}"#,
-            400,
+            422,
             "min_samples: invalid value: integer `-1`, expected a whole number ≥ 0",
         ),
         (

@@ -452,14 +452,50 @@ impl<'de> Deserialize<'de> for JsonNum {
     }
 }
 
-/// A whole number of a runtime change: a JSON number, never text, as [`JsonNum`].
-#[derive(Clone, Copy, Debug)]
-struct JsonWhole(Whole);
+/// A whole number of a runtime change: a JSON number, never text, as [`JsonNum`]. A
+/// number that is no whole number ≥ 0 (`-1`, `2.5`) reads, as the refusal of the rules
+/// (`Err`): JSON has one type of number, and one out of the field's bounds is refused
+/// with the change's other problems (422), as `"base_limit": -1` is, not as a body that
+/// is no change (400).
+#[derive(Clone, Debug)]
+struct JsonWhole(Result<Whole, String>);
 
 impl<'de> Deserialize<'de> for JsonWhole {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(WholeVisitor { takes_text: false })
-            .map(JsonWhole)
+        struct JsonWholeVisitor;
+        impl JsonWholeVisitor {
+            /// A number, read as [`WholeVisitor`] reads it, its refusal kept.
+            fn number(read: Result<Whole, de::value::Error>) -> JsonWhole {
+                JsonWhole(read.map_err(|e| e.to_string()))
+            }
+        }
+        impl Visitor<'_> for JsonWholeVisitor {
+            type Value = JsonWhole;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                WholeVisitor { takes_text: false }.expecting(f)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<JsonWhole, E> {
+                Ok(Self::number(
+                    WholeVisitor { takes_text: false }.visit_i64(v),
+                ))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<JsonWhole, E> {
+                Ok(Self::number(
+                    WholeVisitor { takes_text: false }.visit_u64(v),
+                ))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<JsonWhole, E> {
+                Ok(Self::number(
+                    WholeVisitor { takes_text: false }.visit_f64(v),
+                ))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<JsonWhole, E> {
+                WholeVisitor { takes_text: false }
+                    .visit_str(v)
+                    .map(|w| JsonWhole(Ok(w)))
+            }
+        }
+        d.deserialize_any(JsonWholeVisitor)
     }
 }
 
@@ -3650,6 +3686,10 @@ pub(crate) fn patch_controller(
     let raw = read_patch(json, withdraw).map_err(PatchError::Malformed)?;
     let mut p = Problems::default();
     let now = Settings::current(current, algorithm);
+    let (min_samples, min_samples_refused) = match raw.min_samples.map(|n| n.0) {
+        Some(Err(refused)) => (None, Some(refused)),
+        read => (read.and_then(Result::ok), None),
+    };
     let settings = RawSettings {
         base_limit: raw.base_limit.map(|n| n.0),
         cut_limit: raw.cut_limit.map(|n| n.0),
@@ -3659,13 +3699,16 @@ pub(crate) fn patch_controller(
         restore_step: raw.restore_step.map(|n| n.0),
         restore_interval: raw.restore_interval.map(|t| t.0),
         min_rps: raw.min_rps.map(|n| n.0),
-        min_samples: raw.min_samples.map(|n| n.0),
+        min_samples,
         min_dwell: raw.min_dwell.map(|t| t.0),
         max_cut: raw.max_cut.map(|t| t.0),
         roc_mode: raw.roc_mode,
         ..RawSettings::default()
     };
     let s = now.over(settings, Scope::Patch, &mut p);
+    if let Some(refused) = min_samples_refused {
+        p.at(Scope::Patch.path("min_samples"), refused);
+    }
     let params = controller_params(&mut p, &s);
     check_route_limits(&mut p, &s);
     match params {

@@ -43,6 +43,7 @@ fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
         r#"{"base_limit": 300, "base_limit": 300}"#,
         r#"{"hold": null}"#,
         r#"{"base_limit": 1e400}"#,
+        r#"{"min_samples": true}"#,
     ] {
         assert!(malformed(json), "{json}");
     }
@@ -52,6 +53,9 @@ fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
         r#"{"hold": "soon"}"#,
         r#"{"base_limit": -1}"#,
         r#"{"roc_mode": "sideways"}"#,
+        // JSON's one number type, out of the field's bounds as -1 is of base_limit's.
+        r#"{"min_samples": -1}"#,
+        r#"{"min_samples": 2.5}"#,
     ] {
         assert!(
             matches!(
@@ -66,6 +70,29 @@ fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
             "{json}"
         );
     }
+}
+
+/// A whole number out of its bounds in a change (`-1`, `2.5`: JSON has one type of
+/// number) is refused by the rules, with the change's other problems, as `base_limit:
+/// -1` is: it was refused alone as no change, where every other number of the right
+/// JSON type out of its field's bounds was refused with the rest.
+#[test]
+fn a_whole_number_out_of_its_bounds_is_refused_with_the_changes_other_problems() {
+    let e = patch_controller(
+        &ControllerParams::default(),
+        &Algorithm::default(),
+        r#"{"min_samples": -1, "base_limit": -5}"#,
+        None,
+    )
+    .unwrap_err();
+    let said: Vec<String> = e.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        said,
+        [
+            "base_limit: must be a number > 0, got -5",
+            "min_samples: invalid value: integer `-1`, expected a whole number ≥ 0",
+        ]
+    );
 }
 
 /// A number written as a string is told how to write it only where its text, without
