@@ -1483,6 +1483,52 @@ async fn a_withdrawal_or_reload_with_a_body_is_refused_and_changes_nothing() {
     p.stop().await;
 }
 
+/// A withdrawal or reload whose body is larger than a change's may be, or is not
+/// UTF-8, is refused as carrying a body (400), saying that it takes none: it was 413,
+/// ``body: larger than 65536 bytes``, or ``body: not UTF-8``, as if a smaller body or
+/// one of text would have done (`curl -X POST --data-binary @big.toml …/admin/reload`).
+#[tokio::test]
+async fn a_withdrawal_or_reload_with_a_large_or_binary_body_is_refused_as_taking_none() {
+    let p = start(None).await;
+    let (status, _) = change_order(p.admin, r#"{"base_limit": 300}"#).await;
+    assert_eq!(status, 200);
+    let large = vec![b'x'; 100 << 10];
+    for (method, path, body, says) in [
+        (
+            "POST",
+            "/admin/reload",
+            large.clone(),
+            "body: POST /admin/reload takes none, got more than 65536 bytes: nothing was \
+             changed (a reload reads the config file again)",
+        ),
+        (
+            "DELETE",
+            "/admin/routes/order/change",
+            large,
+            "body: DELETE /admin/routes/order/change takes none, got more than 65536 bytes: \
+             nothing was changed",
+        ),
+        (
+            "DELETE",
+            "/admin/routes/order/change",
+            vec![0xff, 0xfe, b' '],
+            "body: DELETE /admin/routes/order/change takes none, got 3 bytes: nothing was \
+             changed",
+        ),
+    ] {
+        let (status, reply) = call_raw(p.admin, method, path, body, None).await;
+        assert_eq!(status, 400, "{method} {path}: {reply}");
+        assert_eq!(
+            reply["errors"],
+            serde_json::json!([says]),
+            "{method} {path}"
+        );
+    }
+    let (_, order) = call(p.admin, "GET", "/admin/routes/order", "", None).await;
+    assert_eq!(order["runtime_change"], true, "{order}");
+    p.stop().await;
+}
+
 /// A change, its withdrawal and a reload take no query: each is refused with 400,
 /// naming the query, and nothing is changed. The query was ignored, so that
 /// `PUT /admin/routes/order?dry_run=1` changed the limit it meant to try.

@@ -526,6 +526,24 @@ async fn read_body(body: Body) -> Result<String, Response> {
             vec![format!("body: larger than {MAX_BODY_BYTES} bytes")],
         )
     };
+    let bytes = read_bytes(body, too_large).await?;
+    String::from_utf8(bytes.into()).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            vec![format!(
+                "body: not UTF-8 (an invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            )],
+        )
+    })
+}
+
+/// The bytes of a request's body, as [`read_body`] reads them: `too_large` is the
+/// answer to one past [`MAX_BODY_BYTES`], declared so or found so.
+async fn read_bytes(
+    body: Body,
+    too_large: impl Fn() -> Response,
+) -> Result<axum::body::Bytes, Response> {
     if http_body::Body::size_hint(&body).lower() > MAX_BODY_BYTES as u64 {
         return Err(too_large());
     }
@@ -543,7 +561,7 @@ async fn read_body(body: Body) -> Result<String, Response> {
             )],
         )
     })?;
-    let bytes = read.map_err(|e| {
+    read.map_err(|e| {
         let over = std::error::Error::source(&e)
             .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>());
         if over {
@@ -554,15 +572,6 @@ async fn read_body(body: Body) -> Result<String, Response> {
                 vec![format!("body: cannot be read: {e}")],
             )
         }
-    })?;
-    String::from_utf8(bytes.into()).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            vec![format!(
-                "body: not UTF-8 (an invalid byte at offset {})",
-                e.utf8_error().valid_up_to()
-            )],
-        )
     })
 }
 
@@ -847,26 +856,32 @@ fn query_refused(uri: &Uri) -> Option<Response> {
 }
 
 /// The refusal of a withdrawal or reload (`method` on `uri`) that carries a body (one
-/// of whitespace alone is none), read as a change's is ([`read_body`]): neither takes
-/// one, and one ignored did what its sender may not have meant (`curl -X POST -d
-/// @new.toml …/admin/reload`, meant to send a config, reloaded the file on disk).
-/// `what` says what the endpoint does instead, where that helps.
+/// of ASCII whitespace alone is none), read within the bounds a change's is
+/// ([`read_bytes`]): neither takes one, and one ignored did what its sender may not
+/// have meant (`curl -X POST -d @new.toml …/admin/reload`, meant to send a config,
+/// reloaded the file on disk). A body past those bounds, or not UTF-8, is refused as
+/// one, not as a body too large (413) or not text, which said that a smaller body or
+/// one of text would have done. `what` says what the endpoint does instead, where that
+/// helps.
 async fn body_refused(method: &str, uri: &Uri, body: Body, what: &str) -> Option<Response> {
-    let text = match read_body(body).await {
-        Ok(text) => text,
+    let refusal = |got: String| {
+        error(
+            StatusCode::BAD_REQUEST,
+            vec![format!(
+                "body: {method} {} takes none, got {got}: nothing was changed{what}",
+                uri.path()
+            )],
+        )
+    };
+    let too_large = || refusal(format!("more than {MAX_BODY_BYTES} bytes"));
+    let bytes = match read_bytes(body, too_large).await {
+        Ok(bytes) => bytes,
         Err(refused) => return Some(refused),
     };
-    if text.trim().is_empty() {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
         return None;
     }
-    Some(error(
-        StatusCode::BAD_REQUEST,
-        vec![format!(
-            "body: {method} {} takes none, got {} bytes: nothing was changed{what}",
-            uri.path(),
-            text.len()
-        )],
-    ))
+    Some(refusal(format!("{} bytes", bytes.len())))
 }
 
 async fn one_route(
