@@ -1775,6 +1775,54 @@ fn a_number_as_a_string_in_the_file_is_told_to_drop_the_quotes_only_where_that_r
     );
 }
 
+/// A number or boolean the file writes as a string is reported with the file's other
+/// problems of shape, in the file's order, whatever its text (`"lots"`, `"2.0"` where a
+/// whole number goes, `"1e400"`), at most 50 of them: it was reported only once the
+/// file had no other problem of shape (`colour = 1` hid it), and text that reads as no
+/// number the field takes as the environment's text is (``invalid value: string
+/// "lots", expected a number``, ``number out of range, got "1e400"``, of a value the
+/// file wrote as a string).
+#[test]
+fn a_number_as_a_string_is_reported_with_the_files_other_problems_of_shape() {
+    let text = format!(
+        "{ORDER}base_limit = \"300\"\ncolour = 1\nmin_samples = \"2.0\"\n\
+         safe_roc = \"1e400\"\ndanger_roc = \"lots\"\n[server]\nnormalize_path = \"yes\"\n"
+    );
+    let found = problems(&text);
+    assert_eq!(found.len(), 6, "{}", found.join("\n"));
+    assert_eq!(
+        found[0],
+        "routes[0].base_limit: must be a number, got the string \"300\" (write it without quotes: 300)"
+    );
+    assert!(
+        found[1].starts_with("routes[0].colour: unknown field `colour`"),
+        "{}",
+        found[1]
+    );
+    assert_eq!(
+        found[2..],
+        [
+            "routes[0].min_samples: must be a whole number ≥ 0, got the string \"2.0\"",
+            "routes[0].safe_roc: must be a number, got the string \"1e400\"",
+            "routes[0].danger_roc: must be a number, got the string \"lots\"",
+            "server.normalize_path: must be true or false, got the string \"yes\"",
+        ]
+    );
+    let many: String = (0..60)
+        .map(|i| format!("[[routes]]\nname = \"r{i}\"\npath = \"/{i}\"\nbase_limit = \"{i}\"\n"))
+        .collect();
+    let found = problems(&format!("{many}[server]\ncolour = 1\n"));
+    assert_eq!(found.len(), 51, "{}", found.join("\n"));
+    assert_eq!(
+        found[49],
+        "routes[49].base_limit: must be a number, got the string \"49\" (write it without quotes: 49)"
+    );
+    assert_eq!(
+        found[50],
+        "more problems of shape follow: the first 50 are reported"
+    );
+}
+
 /// A name where a list of tables takes an index (`ROCGATE__ROUTES__ORDER__HOLD`, the
 /// route named rather than counted) is refused naming the list and what it takes: it
 /// was ``routes: invalid type: map, expected a sequence``, which named no part of the
@@ -3184,8 +3232,9 @@ fn every_problem_of_shape_is_reported() {
         ],
         "{e}"
     );
-    assert!(
-        e.problems()[1].message().contains("expected a number"),
+    assert_eq!(
+        e.problems()[1].message(),
+        "must be a number, got the string \"x\"",
         "{e}"
     );
     let text = "[[routes]]\nname = \"a\"\npath = \"/a\"\nevents = [1]\nx = 1\n[server]\nfoo = 1\n";

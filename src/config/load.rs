@@ -356,17 +356,21 @@ impl Config {
             )
             .build()
             .map_err(|e| fail(vec![Problem::new("", e.to_string())]))?;
-        let found = match serde_path_to_error::deserialize::<_, RawConfig>(merged.cache.clone()) {
-            // A value the file wrote as text is a problem of shape: reported alone.
-            Ok(raw) => match file_text_for_values(&merged.cache) {
-                written if !written.is_empty() => written,
-                _ => match Config::try_from(raw) {
-                    Ok(config) if problems.is_empty() => return Ok(config),
-                    Ok(_) => Vec::new(),
-                    Err(found) => attribute(found, &overrides, &file),
-                },
+        // A value the file wrote as text is a problem of shape, reported with the
+        // others and alone.
+        let (written, cleaned) = file_text_for_values(&merged.cache);
+        let found = match serde_path_to_error::deserialize::<_, RawConfig>(cleaned.clone()) {
+            Ok(_) if !written.is_empty() => in_file_order(&merged.cache, written),
+            Ok(raw) => match Config::try_from(raw) {
+                Ok(config) if problems.is_empty() => return Ok(config),
+                Ok(_) => Vec::new(),
+                Err(found) => attribute(found, &overrides, &file),
             },
-            Err(e) => shape_problems(e, merged.cache, &overrides),
+            Err(e) => {
+                let mut shape = written;
+                shape.extend(shape_problems(e, cleaned, &overrides));
+                in_file_order(&merged.cache, shape)
+            }
         };
         problems.extend(found);
         Err(fail(problems))
@@ -433,17 +437,19 @@ fn shape_problems(
     found
 }
 
-/// Where the file writes a number or a boolean as a string (`base_limit = "300"`):
-/// a problem for each, in the file's order, naming the field, what it takes and how to
-/// write it. The fields that take a number read it from text too, for the
+/// Where the file writes a number or a boolean as a string (`base_limit = "300"`,
+/// `"lots"`, `"1e400"`): a problem for each, in the file's order, naming the field,
+/// what it takes and, where the text is one, how to write it; and `merged` with each
+/// such string replaced by a value of its field's type, to be read for the file's other
+/// problems of shape. The fields that take a number read it from text too, for the
 /// environment's overrides, whose values are text (`ROCGATE__ROUTES__0__BASE_LIMIT=300`,
 /// still taken); TOML has numbers and booleans, as a runtime change's JSON has, which
-/// refuses them as text too. A string of the file (its origin is not the environment)
-/// whose text reads as a number or a boolean is tried in its field's place as a table:
-/// where the field then refuses it as not a number, a whole number or a boolean, it
-/// takes one (`name = "300"` is a string's field, and stays).
-fn file_text_for_values(merged: &config::Value) -> Vec<Problem> {
-    const TAKES: [&str; 3] = ["a number", "a whole number ≥ 0", "true or false"];
+/// refuses them as text too. Each string of the file (its origin is not the
+/// environment) is tried in its field's place as a table, on a tree of its path alone
+/// (so that the file's other problems do not hide it): where the field then refuses it
+/// as not a number, a whole number or a boolean, it takes one (`name = "300"` is a
+/// string's field, and stays).
+fn file_text_for_values(merged: &config::Value) -> (Vec<Problem>, config::Value) {
     let mut texts = Vec::new();
     file_texts(merged, &mut Vec::new(), &mut texts);
     // What each field takes, by its path with the indices left out (`routes[].name`):
@@ -451,6 +457,7 @@ fn file_text_for_values(merged: &config::Value) -> Vec<Problem> {
     // tried once per field, not once per route.
     let mut takes_by_field: HashMap<String, Option<&str>> = HashMap::new();
     let mut found = Vec::new();
+    let mut cleaned = merged.clone();
     for (at, text) in texts {
         let field = at
             .iter()
@@ -459,40 +466,125 @@ fn file_text_for_values(merged: &config::Value) -> Vec<Problem> {
                 Step::Index(_) => "[]".to_owned(),
             })
             .collect::<String>();
-        let takes = *takes_by_field.entry(field).or_insert_with(|| {
-            let mut tried = merged.clone();
-            let leaf = leaf_at(&mut tried, &at)?;
-            leaf.kind = config::ValueKind::Table(config::Map::new());
-            let e = serde_path_to_error::deserialize::<_, RawConfig>(tried).err()?;
-            let message = shape_message(e.inner());
-            TAKES
-                .into_iter()
-                .find(|takes| message.ends_with(&format!("expected {takes}")))
-                .filter(|_| error_location(e.path()) == path_text(&at))
-        });
+        let takes = *takes_by_field
+            .entry(field)
+            .or_insert_with(|| field_takes(&at));
         let Some(takes) = takes else {
             continue;
         };
-        if found.len() == MAX_SHAPE_PROBLEMS {
-            found.push(Problem::new(
-                "",
-                format!(
-                    "more problems of shape follow: the first {MAX_SHAPE_PROBLEMS} are reported"
-                ),
-            ));
-            break;
-        }
-        let bare = match takes {
-            "true or false" => Some(text.trim()),
-            "a number" => bare_number(&text, false),
-            _ => bare_number(&text, true),
+        let (bare, stand_in) = match takes {
+            TAKES_BOOL => {
+                let t = text.trim();
+                let bare = (t == "true" || t == "false").then_some(t);
+                (bare, config::ValueKind::Boolean(false))
+            }
+            TAKES_NUMBER => (bare_number(&text, false), config::ValueKind::Float(1.0)),
+            _ => (bare_number(&text, true), config::ValueKind::U64(1)),
         };
+        if let Some(leaf) = leaf_at(&mut cleaned, &at) {
+            leaf.kind = stand_in;
+        }
         found.push(Problem::new(
             path_text(&at),
             text_refusal(&text, bare, &takes),
         ));
     }
-    found
+    (found, cleaned)
+}
+
+/// What a field takes that a string of the file is not, as its refusal names it.
+const TAKES_NUMBER: &str = "a number";
+/// See [`TAKES_NUMBER`].
+const TAKES_WHOLE: &str = "a whole number ≥ 0";
+/// See [`TAKES_NUMBER`].
+const TAKES_BOOL: &str = "true or false";
+
+/// What the field at `at` takes, where it is a number, a whole number or a boolean:
+/// a tree of that path alone, with a table at its end, is read, and the field's
+/// refusal of the table names it. Any other problem of that tree (a table that lacks a
+/// field) comes after the refusal, which the path of the error tells apart.
+fn field_takes(at: &[Step]) -> Option<&'static str> {
+    let mut tree = config::Value::new(None, config::ValueKind::Table(config::Map::new()));
+    for step in at.iter().rev() {
+        tree = match step {
+            Step::Key(key) => {
+                let mut table = config::Map::new();
+                table.insert(key.clone(), tree);
+                config::Value::new(None, config::ValueKind::Table(table))
+            }
+            Step::Index(_) => config::Value::new(None, config::ValueKind::Array(vec![tree])),
+        };
+    }
+    let first: Vec<Step> = at
+        .iter()
+        .map(|step| match step {
+            Step::Index(_) => Step::Index(0),
+            key => key.clone(),
+        })
+        .collect();
+    let e = serde_path_to_error::deserialize::<_, RawConfig>(tree).err()?;
+    let message = shape_message(e.inner());
+    [TAKES_NUMBER, TAKES_WHOLE, TAKES_BOOL]
+        .into_iter()
+        .find(|takes| message.ends_with(&format!("expected {takes}")))
+        .filter(|_| error_location(e.path()) == path_text(&first))
+}
+
+/// `problems`, of the file's shape, in the order of their locations in `merged` (a
+/// location that names no value of it by the value above it; one of none, last), at
+/// most [`MAX_SHAPE_PROBLEMS`] of them, then a line saying more follow where more do.
+fn in_file_order(merged: &config::Value, mut problems: Vec<Problem>) -> Vec<Problem> {
+    let more = |p: &Problem| p.location().is_empty() && p.message().starts_with("more problems");
+    let cut = problems.iter().any(more);
+    problems.retain(|p| !more(p));
+    let mut order = HashMap::new();
+    let mut paths = Vec::new();
+    value_paths(merged, &mut Vec::new(), &mut paths);
+    for (i, path) in paths.into_iter().enumerate() {
+        order.entry(path).or_insert(i);
+    }
+    problems.sort_by_key(|p| {
+        let mut at = p.location();
+        loop {
+            if let Some(&i) = order.get(at) {
+                return i;
+            }
+            match at.rfind(['.', '[']) {
+                Some(end) if end > 0 => at = &at[..end],
+                _ => return usize::MAX,
+            }
+        }
+    });
+    if cut || problems.len() > MAX_SHAPE_PROBLEMS {
+        problems.truncate(MAX_SHAPE_PROBLEMS);
+        problems.push(Problem::new(
+            "",
+            format!("more problems of shape follow: the first {MAX_SHAPE_PROBLEMS} are reported"),
+        ));
+    }
+    problems
+}
+
+/// The path of every value under `value` ([`path_text`]), in the file's order.
+fn value_paths(value: &config::Value, at: &mut Vec<Step>, out: &mut Vec<String>) {
+    out.push(path_text(at));
+    match &value.kind {
+        config::ValueKind::Table(table) => {
+            for (key, v) in table {
+                at.push(Step::Key(key.clone()));
+                value_paths(v, at, out);
+                at.pop();
+            }
+        }
+        config::ValueKind::Array(list) => {
+            for (i, v) in list.iter().enumerate() {
+                at.push(Step::Index(i));
+                value_paths(v, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A step of the path to a value in a `config` tree.
@@ -520,15 +612,12 @@ fn path_text(steps: &[Step]) -> String {
     out
 }
 
-/// The strings under `value` that the file wrote (not the environment) and that read as
-/// a number or a boolean, each with its path, in the file's order.
+/// The strings under `value` that the file wrote (not the environment), each with its
+/// path, in the file's order.
 fn file_texts(value: &config::Value, at: &mut Vec<Step>, out: &mut Vec<(Vec<Step>, String)>) {
     match &value.kind {
         config::ValueKind::String(text) if value.origin().is_none() => {
-            let t = text.trim();
-            if t.parse::<f64>().is_ok() || t == "true" || t == "false" {
-                out.push((at.clone(), text.clone()));
-            }
+            out.push((at.clone(), text.clone()));
         }
         config::ValueKind::Table(table) => {
             for (key, v) in table {
