@@ -1241,6 +1241,23 @@ async fn a_route_path_naming_no_route_is_quoted_bounded() {
             "{method}"
         );
     }
+    // Cut between characters, not inside a two-byte one.
+    let (status, body) = call(
+        p.admin,
+        "GET",
+        &format!("/admin/routes/x{}", "%C3%A9".repeat(100)),
+        "",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        body["errors"],
+        serde_json::json!([format!(
+            "no route named \"x{}\"… (201 bytes)",
+            "é".repeat(63)
+        )])
+    );
     let (status, body) = call(p.admin, "GET", "/admin/routes/n%0Ape", "", None).await;
     assert_eq!(status, 404);
     assert_eq!(

@@ -134,6 +134,34 @@ fn a_number_as_a_string_is_told_to_drop_the_quotes_only_where_that_reads() {
     );
 }
 
+/// A change's problem quotes a long field name or value by its first 64 characters,
+/// cut between characters: a name of two-byte characters (`é`) is cut at a character's
+/// boundary, not inside one (which would panic), and its length given in bytes.
+#[test]
+fn a_long_name_or_value_of_many_byte_characters_is_quoted_cut_between_characters() {
+    let long = "é".repeat(100);
+    let first: String = "é".repeat(64);
+    for (json, said) in [
+        (
+            format!(r#"{{"{long}": 1}}"#),
+            format!("unknown field `{first}`… (200 bytes)"),
+        ),
+        (
+            format!(r#"{{"base_limit": "{long}"}}"#),
+            format!("must be a number, got the string \"{first}\"… (200 bytes)"),
+        ),
+    ] {
+        let e = patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            &json,
+            None,
+        )
+        .unwrap_err();
+        assert!(e[0].message().starts_with(&said), "{:?}", e[0].message());
+    }
+}
+
 /// What [`check_routes`] writes back reads as the very routes it was given, for
 /// every shipped file (tiers, events, partitions, every algorithm, relative ROC):
 /// no setting is lost or changed on the way, so the file's rules see what runs.
