@@ -334,6 +334,42 @@ pub struct ControllerMemory {
     pub last_roc: f64,
 }
 
+impl ControllerMemory {
+    /// This memory, kept under `from`, carried to `to` whose limits count something
+    /// else (a route changing to or from `concurrency`, requests per second or in
+    /// flight, or to or from a partition, the route's rate or a key's): a restore keeps
+    /// its place as a share of the way from the cut limit to the base limit, on `to`'s
+    /// step at or below that share, taking its next step one `restore_interval` after
+    /// `now` ([`Controller::from_memory`] at `now`). Its limit carried as it was could
+    /// stand above `to`'s base and end the restore at once. The other states are kept
+    /// as they are: their limit follows from the state.
+    pub fn carried_across(
+        mut self,
+        from: &ControllerParams,
+        to: &ControllerParams,
+        now: Nanos,
+    ) -> Self {
+        if self.state != ControllerState::Recovering {
+            return self;
+        }
+        let span = from.base_limit_rps - from.cut_limit_rps;
+        let share = if span > 0.0 {
+            ((self.limit_rps - from.cut_limit_rps) / span).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let way = share * (to.base_limit_rps - to.cut_limit_rps).max(0.0);
+        let steps = if to.restore_step_rps > 0.0 {
+            (way / to.restore_step_rps + 1e-9).floor()
+        } else {
+            0.0
+        };
+        self.limit_rps = to.cut_limit_rps + steps * to.restore_step_rps;
+        self.entered_at = now;
+        self
+    }
+}
+
 /// The ROC state machine of one route.
 #[derive(Clone, Debug)]
 pub struct Controller {

@@ -904,6 +904,63 @@ fn a_reload_that_rebuilds_a_route_mid_cut_keeps_the_cut() {
     assert_eq!(s.cuts, 0, "the cut was the old route's");
 }
 
+/// A rate route restoring at 100 req/s (cut at about 10 s, restoring from 15.4 s in
+/// steps of 20 a second, 100 at 17.4 s: two steps of the seven from its cut limit of
+/// 60 to its base of 200), stepped every slot up to 17.4 s.
+fn restoring_at_100(cfg: &RouteConfig) -> Engine {
+    let e = engine(vec![cfg.clone()]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    for ms in (11_000..=17_400u64).step_by(100) {
+        e.catch_up(id, Nanos::from_millis(ms));
+    }
+    let s = e.route_snapshot(id, Nanos::from_millis(17_400)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Recovering, 100.0));
+    e
+}
+
+/// A reload that changes what a route's limit counts (requests per second to requests
+/// in flight, a route's rate to a key's) keeps a restore at its place between the cut
+/// limit and the base, on the new schedule's step at or below it, and goes on from
+/// there at the new pace. The limit carried as it was, 100, stood above a base of 20
+/// in flight or of 10 req/s a key: the restore ended at once, fully open.
+#[test]
+fn a_reload_that_changes_what_the_limit_counts_keeps_a_restore_in_place() {
+    let rate = RouteConfig::new("r", RouteMatch::any());
+    let mut in_flight = rate.clone();
+    in_flight.algorithm = Algorithm::Concurrency { queue: 0 };
+    in_flight.controller.base_limit_rps = 20.0;
+    in_flight.controller.cut_limit_rps = 6.0;
+    in_flight.controller.restore_step_rps = 2.0;
+    let mut per_key = rate.clone();
+    per_key.partition = Partition::ClientIp(KeyLimits::default());
+    per_key.controller.base_limit_rps = 10.0;
+    per_key.controller.cut_limit_rps = 3.0;
+    per_key.controller.restore_step_rps = 1.0;
+    // Two sevenths of the way from the cut to the base: 6 + 4, and 3 + 2.
+    for (to, limit) in [(in_flight, 10.0), (per_key, 5.0)] {
+        let at = Nanos::from_millis(17_400);
+        let e = restoring_at_100(&rate)
+            .reload(&Config::new(vec![to.clone()]), at, SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let id = e.route_at(0).unwrap();
+        let s = e.route_snapshot(id, at).unwrap();
+        assert_eq!(
+            (s.state, s.limit_rps),
+            (ControllerState::Recovering, limit),
+            "{:?}",
+            to.algorithm
+        );
+        // The next step one interval on, as on the new schedule.
+        let step = to.controller.restore_step_rps;
+        e.catch_up(id, Nanos::from_millis(18_300));
+        assert_eq!(e.limit_rps(id).unwrap(), limit);
+        e.catch_up(id, Nanos::from_millis(18_400));
+        assert_eq!(e.limit_rps(id).unwrap(), limit + step);
+    }
+}
+
 #[test]
 fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     let kept = RouteConfig::new("kept", RouteMatch::prefix("/a"));

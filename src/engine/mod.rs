@@ -554,10 +554,18 @@ impl Engine {
                         let before = before.map(|(r, _)| r);
                         // The controller goes on where the silence before the reload
                         // left it: a cut is not dropped by a change of window,
-                        // algorithm, mode, partition or tiers.
+                        // algorithm, mode, partition or tiers. A restore keeps its
+                        // place between the cut and the base where the limit comes to
+                        // count something else.
                         let carried = before.map(|r| {
                             self.bring_up_to(r, now);
-                            r.lock().controller.memory()
+                            let st = r.lock();
+                            let memory = st.controller.memory();
+                            if r.limit_counts_as(cfg) {
+                                memory
+                            } else {
+                                memory.carried_across(st.controller.params(), &own.controller, now)
+                            }
                         });
                         let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
@@ -2040,6 +2048,15 @@ impl Route {
             p.next_tier_raise
                 .store(progress.map_or(0, Nanos::as_u64), Ordering::Relaxed);
         }
+    }
+
+    /// Whether `cfg`'s limits count what this route's do: requests per second or in
+    /// flight (`concurrency`), the route's or a key's (a partition).
+    fn limit_counts_as(&self, cfg: &RouteConfig) -> bool {
+        let in_flight = |a: &Algorithm| matches!(a, Algorithm::Concurrency { .. });
+        let whole = |p: &Partition| matches!(p, Partition::Route);
+        in_flight(&self.algorithm) == in_flight(&cfg.algorithm)
+            && whole(&self.partition) == whole(&cfg.partition)
     }
 
     /// The end of the last slot the route's window has completed, and its controller
