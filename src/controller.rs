@@ -424,7 +424,8 @@ impl Controller {
 
     /// A controller that continues from `memory` under `params` (the limit is
     /// recomputed for the state under these parameters, as by
-    /// [`Controller::set_params`] at `now`, whose transition, if any, is not reported).
+    /// [`Controller::set_params`] at `now`, whose transition, if any, is not reported:
+    /// [`Controller::from_memory_reporting`] reports it).
     /// A restore whose limit is above where `params`' schedule puts it at `now` was
     /// stepped under another schedule (another instance's parameters, or a change
     /// since): it goes on from the limit it reached, as after a change, its next step
@@ -432,6 +433,17 @@ impl Controller {
     /// `now` is later than that) goes on at its pace: it may also have been stepped
     /// under a slower schedule, and then takes the steps `params` would have taken.
     pub fn from_memory(params: ControllerParams, memory: ControllerMemory, now: Nanos) -> Self {
+        Self::from_memory_reporting(params, memory, now, |_| {})
+    }
+
+    /// [`Controller::from_memory`], the transition `params` make, if any (a restore
+    /// whose limit reaches their base limit ends), passed to `on_transition`.
+    pub fn from_memory_reporting(
+        params: ControllerParams,
+        memory: ControllerMemory,
+        now: Nanos,
+        on_transition: impl FnMut(Transition),
+    ) -> Self {
         let mut c = Controller {
             params: params.clone(),
             state: memory.state,
@@ -448,7 +460,7 @@ impl Controller {
             c.entered_at = c.restore_origin(now, now);
         }
         c.limit_since = c.step_time();
-        c.set_params(params, now, |_| {});
+        c.set_params(params, now, on_transition);
         c
     }
 

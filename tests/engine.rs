@@ -961,6 +961,58 @@ fn a_reload_that_changes_what_the_limit_counts_keeps_a_restore_in_place() {
     }
 }
 
+/// A reload that rebuilds a route mid-restore and, by the parameters it puts in force
+/// (its own, or an event's running at the reload), ends the restore reports that
+/// transition as one that keeps the route does: counted in the rebuilt route and
+/// passed to the hook. The rebuilt route was in `normal` and said nothing: the
+/// restore never ended in the logs nor in `rocgate_transitions_total`.
+#[test]
+fn a_reload_that_rebuilds_a_route_and_ends_its_restore_reports_the_transition() {
+    let four = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    // The event's profile (base 400) past, the own one (base 200) below the 290 reached.
+    let (e, mut own, tenths) = recovering_under_an_event(Duration::from_secs(3600));
+    own.events.clear();
+    own.window = four;
+    let own_at = Nanos::from_millis(tenths * 100);
+    // An event running at the reload whose base, 100, the restore at 100 has reached.
+    let rate = RouteConfig::new("r", RouteMatch::any());
+    let mut event = rate.clone();
+    event.window = four;
+    event.events = vec![Event::new(
+        "low",
+        SystemTime::UNIX_EPOCH,
+        Duration::from_secs(3600),
+        {
+            let mut v = ControllerParams::default();
+            v.base_limit_rps = 100.0;
+            v.cut_limit_rps = 30.0;
+            v
+        },
+    )];
+    for (e, cfg, at) in [
+        (e, own, own_at),
+        (restoring_at_100(&rate), event, Nanos::from_millis(17_400)),
+    ] {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&seen);
+        let e = e.with_transition_hook(Arc::new(move |_, t| {
+            if (t.from, t.to) == (ControllerState::Recovering, ControllerState::Normal) {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+        let old = e.route_at(0).unwrap();
+        let e2 = e
+            .reload(&Config::new(vec![cfg.clone()]), at, SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let id = e2.route_at(0).unwrap();
+        assert_ne!(id, old, "rebuilt");
+        let s = e2.route_snapshot(id, at).unwrap();
+        assert_eq!(s.state, ControllerState::Normal, "{}", cfg.events.len());
+        assert_eq!(s.transitions[2][0], 1, "{}", cfg.events.len());
+        assert_eq!(seen.load(Ordering::SeqCst), 1, "{}", cfg.events.len());
+    }
+}
+
 #[test]
 fn reload_keeps_unchanged_routes_and_rebuilds_changed_ones() {
     let kept = RouteConfig::new("kept", RouteMatch::prefix("/a"));

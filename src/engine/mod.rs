@@ -572,6 +572,7 @@ impl Engine {
                             keys_handed.push((i, keys, queue));
                         }
                         let written_over = &cfg.controller;
+                        let carried = carried.map(|memory| (memory, self.hook.as_ref()));
                         let route = Route::new(&own, written_over, now, wall_now, handed, carried);
                         // The keys the route refused since the hints history last took
                         // them, read, not taken: the old engine decides on until the
@@ -1785,16 +1786,34 @@ impl Route {
     /// rebuilds, as it stands at `now`, goes on under `cfg`'s parameters (a cut stays
     /// a cut, a restore keeps its place: [`Controller::from_memory`]), taking no
     /// action for one window, its new window empty; the limiters start full at its
-    /// limit. Else the controller starts in `Normal`.
+    /// limit. The transition that `cfg`'s parameters, or an event's running at `now`,
+    /// make (a restore that reaches their base limit ends) is counted and passed to
+    /// the hook carried with it. Else the controller starts in `Normal`.
     fn new(
         cfg: &RouteConfig,
         written_over: &ControllerParams,
         now: Nanos,
         wall_now: SystemTime,
         handed: Option<HandedOver<'_>>,
-        carried: Option<ControllerMemory>,
+        carried: Option<(ControllerMemory, Option<&TransitionHook>)>,
     ) -> Self {
         let p = &cfg.controller;
+        let name: Arc<str> = cfg.name.as_str().into();
+        let mut counts = TransitionCounts::default();
+        let (controller, hook) = match carried {
+            None => (Controller::new(p.clone(), now, cfg.window.window()), None),
+            Some((memory, hook)) => {
+                let report = |t: Transition| {
+                    counts.record(&t, now);
+                    if let Some(h) = hook {
+                        h(&name, &t);
+                    }
+                };
+                let mut c = Controller::from_memory_reporting(p.clone(), memory, now, report);
+                c.rearm(now, cfg.window.window());
+                (c, hook)
+            }
+        };
         let enforced_limit = p.base_limit_rps;
         // shadow_adaptive enforces each key's base limit; its shadow keys follow the cut.
         let hold_base = cfg.mode == Mode::ShadowAdaptive;
@@ -1828,7 +1847,7 @@ impl Route {
             .map(|e| ScheduledEvent::place(e, written_over, p, now, wall_now))
             .collect();
         let route = Route {
-            name: cfg.name.as_str().into(),
+            name,
             serial: NonZeroU64::MIN.saturating_add(ROUTE_SERIALS.fetch_add(1, Ordering::Relaxed)),
             mode: cfg.mode,
             window: cfg.window,
@@ -1869,25 +1888,18 @@ impl Route {
             partition: cfg.partition.clone(),
             state: Mutex::new(RouteState {
                 ring: SlotRing::new(&cfg.window),
-                controller: carried.map_or_else(
-                    || Controller::new(p.clone(), now, cfg.window.window()),
-                    |memory| {
-                        let mut c = Controller::from_memory(p.clone(), memory, now);
-                        c.rearm(now, cfg.window.window());
-                        c
-                    },
-                ),
+                controller,
                 own: p.clone(),
                 schedule: None,
                 events,
                 active_event: None,
-                counts: TransitionCounts::default(),
+                counts,
                 counted_from: now,
                 last_sweep: now,
                 last_shadow_sweep: now,
             }),
         };
-        route.start(now);
+        route.start(now, hook);
         route
     }
 
@@ -2071,13 +2083,28 @@ impl Route {
 
     /// Starts the window at the slot containing `now` (so a clock that starts far from
     /// zero does not replay empty slots since its origin), and puts in force the event
-    /// due now, if any (and its `route_limit`, if it sets one).
-    fn start(&self, now: Nanos) {
+    /// due now, if any (and its `route_limit`, if it sets one): the transition it
+    /// makes in a controller carried into the route is counted and passed to `hook`.
+    fn start(&self, now: Nanos, hook: Option<&TransitionHook>) {
         let mut st = self.lock();
         let st = &mut *st;
         let idx = self.counter.slot_index(now);
         st.ring.advance(&self.counter, idx, |_| {});
-        st.follow_events(now);
+        let entered = st.controller.entered_at().max(st.counted_from);
+        let RouteState {
+            events,
+            active_event,
+            own,
+            controller,
+            counts,
+            ..
+        } = st;
+        follow_events(events, active_event, own, controller, now, |t| {
+            counts.record(&t, entered);
+            if let Some(h) = hook {
+                h(&self.name, &t);
+            }
+        });
         if let Some(a) = self.aggregate() {
             a.choose(st.event_total());
         }
