@@ -904,6 +904,34 @@ fn a_reload_that_rebuilds_a_route_mid_cut_keeps_the_cut() {
     assert_eq!(s.cuts, 0, "the cut was the old route's");
 }
 
+/// [`a_reload_that_rebuilds_a_route_mid_cut_keeps_the_cut`] on a partitioned route: the
+/// rebuilt route's keys, new and full, take the carried cut's limit, not the base.
+#[test]
+fn a_reload_that_rebuilds_a_partitioned_route_mid_cut_cuts_its_keys() {
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits::default());
+    let e = engine(vec![cfg.clone()]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, ip(1), 0.0, 10.0, 40.0);
+    offer(&e, id, ip(1), 10.0, 11.0, 600.0);
+    let at = Nanos::from_secs(11);
+    let s = e.route_snapshot(id, at).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 60.0));
+
+    cfg.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let e2 = e
+        .reload(&Config::new(vec![cfg]), at, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id2 = e2.route_at(0).unwrap();
+    assert_ne!(id2, id, "rebuilt");
+    for key in [ip(1), ip(2)] {
+        let (admitted, _) = offer(&e2, id2, key, 11.0, 14.0, 600.0);
+        assert!(admitted <= 60 + 3 * 60, "admitted {admitted} under the cut");
+    }
+    let s = e2.route_snapshot(id2, Nanos::from_secs(14)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 60.0));
+}
+
 /// A rate route restoring at 100 req/s (cut at about 10 s, restoring from 15.4 s in
 /// steps of 20 a second, 100 at 17.4 s: two steps of the seven from its cut limit of
 /// 60 to its base of 200), stepped every slot up to 17.4 s.
