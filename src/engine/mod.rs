@@ -449,8 +449,10 @@ impl Engine {
     /// and events are replaced in place, and a route whose parameters in force (its
     /// own, or an event's running) changed takes no action for one full window. Other
     /// routes start fresh, but a route rebuilt under the same name keeps its
-    /// controller's state (a cut, a restore under way) under the new parameters,
-    /// taking no action for one window, and the permits of a `concurrency` route that stays one
+    /// controller's state (a cut, a restore under way, at its share of the way from
+    /// the cut limit to the base where the limit comes to count something else:
+    /// [`ControllerMemory::carried_across`]) under the new parameters, taking no action
+    /// for one window, and the permits of a `concurrency` route that stays one
     /// (by name; its mode, window, queue, matcher or limits changed), limited as a
     /// whole, or per key with the same partition (its `max_keys` and `idle_timeout`
     /// aside) and tiers: the route rebuilt takes
