@@ -409,3 +409,36 @@ fn a_change_to_a_route_decided_elsewhere_does_not_step_its_controller_here() {
         );
     }
 }
+
+/// A route cut here that a reload rebuilds (here a new window) into one a shared store
+/// decides (its requests counted by [`Engine::record`] from the reload on): the cut
+/// carried into it is never stepped here again, the store's controller deciding, and
+/// its time is not counted on while the store decides. It grew for good: 89 s of cut
+/// at 100 s, in `rocgate_cut_seconds_total` (to which the store's own time is added).
+#[test]
+fn a_cut_carried_into_a_route_decided_elsewhere_stops_counting_time_in_cut() {
+    let cfg = RouteConfig::new("r", RouteMatch::any());
+    let e = engine(vec![cfg.clone()]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, 0.0, 10.0, 40.0);
+    offer(&e, id, 10.0, 11.0, 600.0);
+    let at = Nanos::from_secs(11);
+    assert_eq!(
+        e.route_snapshot(id, at).unwrap().state,
+        ControllerState::Cut
+    );
+    let mut rebuilt = cfg;
+    rebuilt.window =
+        rocgate::window::WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100))
+            .unwrap();
+    let e = e
+        .reload(&Config::new(vec![rebuilt]), at, SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let id = e.route_at(0).unwrap();
+    for k in 0..(89 * 40u64) {
+        e.record(id, None, Nanos::from_millis(11_000 + k * 25));
+    }
+    let s = e.route_snapshot(id, Nanos::from_secs(100)).unwrap();
+    assert_eq!(s.time_in_cut, Duration::ZERO);
+    assert_eq!(s.offered, 89 * 40);
+}

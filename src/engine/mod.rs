@@ -2286,7 +2286,10 @@ impl Route {
             }
         };
         let rejected_total: u64 = rejected.iter().map(|(_, n)| n).sum();
-        let cut_running = if c.state() == ControllerState::Cut {
+        // A route a shared store decides has its time in cut counted there: a cut
+        // here (carried into the route by a reload) is not stepped while it does.
+        let elsewhere = self.elsewhere.load(Ordering::Relaxed);
+        let cut_running = if c.state() == ControllerState::Cut && !elsewhere {
             now.saturating_since(c.entered_at().max(st.counted_from))
         } else {
             Duration::ZERO

@@ -76,7 +76,9 @@ pub struct RouteSnapshot {
     /// Cuts since start.
     pub cuts: u64,
     /// Total time spent in `Cut`, the cut under way (if any) counted to the
-    /// snapshot's time.
+    /// snapshot's time, but for one on a route a shared store decides
+    /// ([`Engine::record`](super::Engine::record) counts its requests), whose
+    /// controller here is not stepped: the store's time in cut is its own.
     pub time_in_cut: Duration,
     /// The part of `time_in_cut` that is the cut under way. Stepped later, its end may
     /// be dated before the snapshot's time (a hold that ran out in a silence), so
