@@ -450,8 +450,14 @@ fn shape_problems(
 /// as not a number, a whole number or a boolean, it takes one (`name = "300"` is a
 /// string's field, and stays).
 fn file_text_for_values(merged: &config::Value) -> (Vec<Problem>, config::Value) {
+    // The strings the file wrote (not the environment), each with its path.
     let mut texts = Vec::new();
-    file_texts(merged, &mut Vec::new(), &mut texts);
+    walk(merged, &mut Vec::new(), &mut |at, v| match &v.kind {
+        config::ValueKind::String(text) if v.origin().is_none() => {
+            texts.push((at.to_vec(), text.clone()))
+        }
+        _ => {}
+    });
     // What each field takes, by its path with the indices left out (`routes[].name`):
     // a field takes the same in every element of a list, so a file of many routes is
     // tried once per field, not once per route.
@@ -539,7 +545,9 @@ fn in_file_order(merged: &config::Value, mut problems: Vec<Problem>) -> Vec<Prob
     problems.retain(|p| !more(p));
     let mut order = HashMap::new();
     let mut paths = Vec::new();
-    value_paths(merged, &mut Vec::new(), &mut paths);
+    walk(merged, &mut Vec::new(), &mut |at, _| {
+        paths.push(path_text(at))
+    });
     for (i, path) in paths.into_iter().enumerate() {
         order.entry(path).or_insert(i);
     }
@@ -565,21 +573,26 @@ fn in_file_order(merged: &config::Value, mut problems: Vec<Problem>) -> Vec<Prob
     problems
 }
 
-/// The path of every value under `value` ([`path_text`]), in the file's order.
-fn value_paths(value: &config::Value, at: &mut Vec<Step>, out: &mut Vec<String>) {
-    out.push(path_text(at));
+/// Calls `visit` on every value under `value` (`value` first), with its path, in the
+/// file's order.
+fn walk(
+    value: &config::Value,
+    at: &mut Vec<Step>,
+    visit: &mut impl FnMut(&[Step], &config::Value),
+) {
+    visit(at, value);
     match &value.kind {
         config::ValueKind::Table(table) => {
             for (key, v) in table {
                 at.push(Step::Key(key.clone()));
-                value_paths(v, at, out);
+                walk(v, at, visit);
                 at.pop();
             }
         }
         config::ValueKind::Array(list) => {
             for (i, v) in list.iter().enumerate() {
                 at.push(Step::Index(i));
-                value_paths(v, at, out);
+                walk(v, at, visit);
                 at.pop();
             }
         }
@@ -610,31 +623,6 @@ fn path_text(steps: &[Step]) -> String {
         }
     }
     out
-}
-
-/// The strings under `value` that the file wrote (not the environment), each with its
-/// path, in the file's order.
-fn file_texts(value: &config::Value, at: &mut Vec<Step>, out: &mut Vec<(Vec<Step>, String)>) {
-    match &value.kind {
-        config::ValueKind::String(text) if value.origin().is_none() => {
-            out.push((at.clone(), text.clone()));
-        }
-        config::ValueKind::Table(table) => {
-            for (key, v) in table {
-                at.push(Step::Key(key.clone()));
-                file_texts(v, at, out);
-                at.pop();
-            }
-        }
-        config::ValueKind::Array(list) => {
-            for (i, v) in list.iter().enumerate() {
-                at.push(Step::Index(i));
-                file_texts(v, at, out);
-                at.pop();
-            }
-        }
-        _ => {}
-    }
 }
 
 /// The value at `steps` in `value`, if there is one.

@@ -22,17 +22,15 @@ fn patch_controller(
 /// answers the first 400, the second 422.
 #[test]
 fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
-    let malformed = |json: &str| {
-        matches!(
-            super::patch_controller(
-                &ControllerParams::default(),
-                &Algorithm::default(),
-                json,
-                None
-            ),
-            Err(PatchError::Malformed(_))
+    let patched = |json: &str| {
+        super::patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            json,
+            None,
         )
     };
+    let malformed = |json: &str| matches!(patched(json), Err(PatchError::Malformed(_)));
     for json in [
         "[1]",
         r#"{"base_limit": }"#,
@@ -58,15 +56,7 @@ fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
         r#"{"min_samples": 2.5}"#,
     ] {
         assert!(
-            matches!(
-                super::patch_controller(
-                    &ControllerParams::default(),
-                    &Algorithm::default(),
-                    json,
-                    None
-                ),
-                Err(PatchError::Refused(_))
-            ),
+            matches!(patched(json), Err(PatchError::Refused(_))),
             "{json}"
         );
     }
