@@ -1334,6 +1334,56 @@ fn a_reload_that_changes_idle_timeout_carries_the_overflow_and_keyless_states() 
     }
 }
 
+/// A key carried by a reload made during a cut refills at the cut's limit in force,
+/// as it would have on the route never rebuilt: drained at 11 s, with a change of
+/// the cut limit (3 to 2 req/s) at 11.5 s and its next request at 13 s, it holds
+/// 1.5 + 3 tokens. It was carried at its base limit of 10/s, which the change found
+/// it at: dated from the reload, it refilled at the base until the change, 5 + 3.
+#[test]
+fn a_key_carried_by_a_reload_during_a_cut_refills_at_the_cut_limit() {
+    let run = |reload: bool| {
+        let cfg = |max_keys: usize| {
+            let mut v = RouteConfig::new("ip", RouteMatch::any());
+            v.algorithm = Algorithm::TokenBucket {
+                burst: Duration::from_secs(10),
+            };
+            v.partition = Partition::ClientIp(key_table(max_keys, None));
+            v.controller.base_limit_rps = 10.0;
+            v.controller.cut_limit_rps = 3.0;
+            v.controller.danger_roc = 50.0;
+            v.controller.safe_roc = 10.0;
+            v
+        };
+        let e = engine(vec![cfg(100)]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let at = Nanos::from_secs(11);
+        assert_eq!(
+            e.route_snapshot(id, at).unwrap().state,
+            ControllerState::Cut
+        );
+        assert!(admitted_at_once(&e, id, ip(1), 100, at) > 0);
+        let (e, id) = if reload {
+            let e2 = reloaded_at(&e, vec![cfg(200)], at);
+            let id2 = e2.route_at(0).unwrap();
+            (e2, id2)
+        } else {
+            (e, id)
+        };
+        let mut params = e.route_params(id).unwrap();
+        params.cut_limit_rps = 2.0;
+        e.update_route(id, params, Nanos::from_millis(11_500))
+            .unwrap();
+        let later = Nanos::from_secs(13);
+        let s = e.route_snapshot(id, later).unwrap();
+        assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 2.0));
+        admitted_at_once(&e, id, ip(1), 100, later)
+    };
+    assert_eq!(run(false), 4, "never rebuilt");
+    assert_eq!(run(true), 4, "carried");
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to

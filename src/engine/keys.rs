@@ -146,21 +146,24 @@ impl Keys {
     /// Takes over the keys of `from`, those of a route that a reload rebuilds into this
     /// one's (same keys, algorithm shape and tiers): a concurrency key's permits, and
     /// requests queued for them at most `queue` from now on ([`KeyTable::take_over`]);
-    /// a rate algorithm's key's limiter state, copied ([`KeyTable::carry`]). Nothing
-    /// unless both are keys of one algorithm and kind.
-    pub(super) fn take_over(&mut self, from: &Keys, queue: u32) {
+    /// a rate algorithm's key's limiter state, copied ([`KeyTable::carry`]). Each
+    /// key comes in at its limit with this route's controller at `progress` between
+    /// its cut and base limits (a cut the reload carried is in force from the start).
+    /// Nothing unless both are keys of one algorithm and kind.
+    pub(super) fn take_over(&mut self, from: &Keys, queue: u32, progress: f64) {
+        let p = progress;
         match (self, from) {
-            (Keys::Bucket(new), Keys::Bucket(old)) => new.carry(old, false, BucketKey::carried),
-            (Keys::Fixed(new), Keys::Fixed(old)) => new.carry(old, false, WordKey::carried),
-            (Keys::Sliding(new), Keys::Sliding(old)) => new.carry(old, false, WordKey::carried),
-            (Keys::Leaky(new), Keys::Leaky(old)) => new.carry(old, false, WordKey::carried),
+            (Keys::Bucket(new), Keys::Bucket(old)) => new.carry(old, false, p, BucketKey::carried),
+            (Keys::Fixed(new), Keys::Fixed(old)) => new.carry(old, false, p, WordKey::carried),
+            (Keys::Sliding(new), Keys::Sliding(old)) => new.carry(old, false, p, WordKey::carried),
+            (Keys::Leaky(new), Keys::Leaky(old)) => new.carry(old, false, p, WordKey::carried),
             (Keys::Concurrency(KeyTables::Ip(new)), Keys::Concurrency(KeyTables::Ip(old))) => {
-                new.take_over(old, queue)
+                new.take_over(old, queue, p)
             }
             (
                 Keys::Concurrency(KeyTables::Value(new)),
                 Keys::Concurrency(KeyTables::Value(old)),
-            ) => new.take_over(old, queue),
+            ) => new.take_over(old, queue, p),
             _ => {}
         }
     }
@@ -213,10 +216,18 @@ impl Keys {
 
 impl<E: KeyState> KeyTables<E> {
     /// [`KeyTable::carry`] between tables of one key kind; nothing between two kinds.
-    fn carry(&mut self, from: &Self, all: bool, carried: impl Fn(&E, &TierTable, Nanos) -> E) {
+    fn carry(
+        &mut self,
+        from: &Self,
+        all: bool,
+        progress: f64,
+        carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
+    ) {
         match (self, from) {
-            (KeyTables::Ip(new), KeyTables::Ip(old)) => new.carry(old, all, carried),
-            (KeyTables::Value(new), KeyTables::Value(old)) => new.carry(old, all, carried),
+            (KeyTables::Ip(new), KeyTables::Ip(old)) => new.carry(old, all, progress, carried),
+            (KeyTables::Value(new), KeyTables::Value(old)) => {
+                new.carry(old, all, progress, carried)
+            }
             _ => {}
         }
     }
@@ -360,10 +371,16 @@ pub(super) struct TierTable {
 impl TierTable {
     /// Where the table's keys stand between their cut (0) and base (1) limits.
     pub(super) fn progress(&self, r: &Route) -> f64 {
+        self.keys_progress(f64::from_bits(r.progress.load(Ordering::Relaxed)))
+    }
+
+    /// Where the table's keys stand between their cut (0) and base (1) limits, the
+    /// route's controller at `route` between its own.
+    fn keys_progress(&self, route: f64) -> f64 {
         if self.hold_base {
             1.0
         } else {
-            f64::from_bits(r.progress.load(Ordering::Relaxed))
+            route
         }
     }
 
@@ -639,11 +656,11 @@ impl KeyState for BucketKey {
 
 impl BucketKey {
     /// This key carried into `tiers`, the table of the route a reload rebuilds (same
-    /// burst and tiers): a bucket at the key's limit there (its tier's base, as the
-    /// new route starts) holding the tokens this one holds at `at` (clamped to its
-    /// capacity), and this key's last-seen time.
-    fn carried(&self, tiers: &TierTable, at: Nanos) -> Self {
-        let (t, capacity) = gcra::params(tiers.limit(self.meta.tier, 1.0), tiers.shape);
+    /// burst and tiers): a bucket at the key's limit there, its keys at `progress`
+    /// between their cut and base limits, holding the tokens this one holds at `at`
+    /// (clamped to its capacity), and this key's last-seen time.
+    fn carried(&self, tiers: &TierTable, progress: f64, at: Nanos) -> Self {
+        let (t, capacity) = gcra::params(tiers.limit(self.meta.tier, progress), tiers.shape);
         let key = BucketKey {
             tat: AtomicU64::new(gcra::full_at(at)),
             emission_ns: AtomicU64::new(t),
@@ -858,11 +875,12 @@ impl<A: WordAlgo> WordKey<A> {
     /// This key carried into `tiers`, the table of the route a reload rebuilds (same
     /// window or queue, and tiers): its state word as it is (the counts in its
     /// windows, or when its next request may leave), its limit word the key's limit
-    /// there (its tier's base, as the new route starts), and its last-seen time.
-    fn carried(&self, tiers: &TierTable, _at: Nanos) -> Self {
+    /// there, its keys at `progress` between their cut and base limits, and its
+    /// last-seen time.
+    fn carried(&self, tiers: &TierTable, progress: f64, _at: Nanos) -> Self {
         WordKey {
             state: AtomicU64::new(self.state.load(Ordering::Acquire)),
-            limit: AtomicU64::new(A::limit_word(tiers.limit(self.meta.tier, 1.0))),
+            limit: AtomicU64::new(A::limit_word(tiers.limit(self.meta.tier, progress))),
             meta: self.meta.carried(),
             algorithm: PhantomData,
         }
@@ -965,18 +983,24 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
     /// limits, at most `queue` waiting from now on. A key at rest comes too: a request
     /// deciding on the old engine as the new one is put in force may still take a
     /// permit of it, which the new route then counts.
-    fn take_over(&mut self, from: &Self, queue: u32) {
+    fn take_over(&mut self, from: &Self, queue: u32, progress: f64) {
         // Every key, whatever `max_keys`: a permit held must be counted.
-        self.carry(from, true, |old: &ConcurrencyKey, tiers, _| {
-            let limiter = old.limiter.handed_over(queue);
-            // Set for this route as a new key is: generation 0, at its base limit.
-            limiter.key_generation().store(0, Ordering::Relaxed);
-            limiter.set_limit(tiers.limit(limiter.key_tier(), 1.0));
-            ConcurrencyKey {
-                limiter,
-                last_seen_s: AtomicU32::new(old.last_seen_s.load(Ordering::Relaxed)),
-            }
-        });
+        self.carry(
+            from,
+            true,
+            progress,
+            |old: &ConcurrencyKey, tiers, progress, _| {
+                let limiter = old.limiter.handed_over(queue);
+                // Set for this route as a new key is: generation 0, at its limit as the
+                // route now is.
+                limiter.key_generation().store(0, Ordering::Relaxed);
+                limiter.set_limit(tiers.limit(limiter.key_tier(), progress));
+                ConcurrencyKey {
+                    limiter,
+                    last_seen_s: AtomicU32::new(old.last_seen_s.load(Ordering::Relaxed)),
+                }
+            },
+        );
         // Requests may be queued under the old route's queue until it is handed over,
         // key by key, and after it, a request that read the old queue: any key of a
         // table with one may hold some.
@@ -1233,8 +1257,10 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
 
     /// Takes in the keys of `from`, the table of a route that a reload rebuilds into
     /// this one's (same keys, algorithm shape and tiers), each made this table's by
-    /// `carried` (given this table's tiers and the date of its limits, the reload's
-    /// `now`), and its shared overflow and keyless states likewise. Unless `all`, where
+    /// `carried` (given this table's tiers, where its keys stand between their cut and
+    /// base limits with the route's controller at `route_progress`, and the date of
+    /// its limits, the reload's `now`), and its shared overflow and keyless states
+    /// likewise. Unless `all`, where
     /// `from` holds more keys in no tier than this table's `max_keys`, those seen last
     /// are kept, up to it (by the second they were last seen, a tie broken by the map's
     /// order), and the others dropped: come back, each is a new key (or the overflow
@@ -1244,13 +1270,19 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// `from`'s route decides on until the new engine is put in force: a key first
     /// seen there after it is read is not carried, and a request decided there after
     /// its key is read is not counted here.
-    fn carry(&mut self, from: &Self, all: bool, carried: impl Fn(&E, &TierTable, Nanos) -> E)
-    where
+    fn carry(
+        &mut self,
+        from: &Self,
+        all: bool,
+        route_progress: f64,
+        carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
+    ) where
         K: Clone,
     {
         let at = Nanos::new(self.tiers.changed_at.load(Ordering::Relaxed));
-        self.overflow = carried(&from.overflow, &self.tiers, at);
-        self.anonymous = carried(&from.anonymous, &self.tiers, at);
+        let progress = self.tiers.keys_progress(route_progress);
+        self.overflow = carried(&from.overflow, &self.tiers, progress, at);
+        self.anonymous = carried(&from.anonymous, &self.tiers, progress, at);
         let Some(old) = from.map.get() else {
             return;
         };
@@ -1280,7 +1312,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
                     untiered += 1;
                 }
             }
-            map.insert(entry.key().clone(), carried(key, &self.tiers, at));
+            map.insert(entry.key().clone(), carried(key, &self.tiers, progress, at));
             self.len.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -599,8 +599,12 @@ impl Engine {
                 .routes
                 .get_mut(i)
                 .and_then(|s| Arc::get_mut(&mut s.route));
-            if let Some(keys) = built.and_then(|r| r.partitioned.as_mut().map(|p| &mut p.keys)) {
-                keys.take_over(old, queue);
+            if let Some(r) = built {
+                // The carried controller's, as `Route::start` put it in force.
+                let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
+                if let Some(p) = r.partitioned.as_mut() {
+                    p.keys.take_over(old, queue, progress);
+                }
             }
         }
         Ok((engine, refused))
