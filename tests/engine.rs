@@ -1384,6 +1384,51 @@ fn a_key_carried_by_a_reload_during_a_cut_refills_at_the_cut_limit() {
     assert_eq!(run(true), 4, "carried");
 }
 
+/// A `shadow_adaptive` route that a reload rebuilds with the same keys during a cut
+/// carries its shadow keys too, which follow the cut: a client the cut's limit had
+/// drained is counted as the cut would refuse it from the reload on, as on the route
+/// never rebuilt. Its shadow table started empty, every client's shadow bucket full
+/// at the cut's limit, and a cut's burst of each went uncounted.
+#[test]
+fn a_shadow_adaptive_reload_during_a_cut_carries_the_shadow_keys() {
+    let run = |reload: bool| {
+        let cfg = |max_keys: usize| {
+            let mut v = RouteConfig::new("sa-ip", RouteMatch::any());
+            v.mode = Mode::ShadowAdaptive;
+            v.partition = Partition::ClientIp(key_table(max_keys, None));
+            v.controller.base_limit_rps = 10.0;
+            v.controller.cut_limit_rps = 3.0;
+            v.controller.danger_roc = 50.0;
+            v.controller.safe_roc = 10.0;
+            v
+        };
+        let e = engine(vec![cfg(100)]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        offer(&e, id, ip(1), 11.0, 12.0, 8.0);
+        let at = Nanos::from_secs(12);
+        let (e, id) = if reload {
+            let e2 = reloaded_at(&e, vec![cfg(200)], at);
+            let id2 = e2.route_at(0).unwrap();
+            (e2, id2)
+        } else {
+            (e, id)
+        };
+        let before = e.route_snapshot(id, at).unwrap();
+        assert_eq!(before.state, ControllerState::Cut);
+        let (admitted, _) = offer(&e, id, ip(1), 12.0, 13.0, 8.0);
+        let after = e.route_snapshot(id, Nanos::from_secs(13)).unwrap();
+        assert_eq!(after.state, ControllerState::Cut);
+        let counted =
+            after.shadow_rejected_for(Reason::RocCut) - before.shadow_rejected_for(Reason::RocCut);
+        (admitted, counted)
+    };
+    let never_rebuilt = run(false);
+    assert_eq!(never_rebuilt.0, 8, "enforced at the base");
+    assert_eq!(run(true), never_rebuilt);
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to

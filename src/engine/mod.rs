@@ -464,12 +464,13 @@ impl Engine {
     /// partitioned route limited by a rate algorithm that stays the same (with its
     /// burst, window or queue), rebuilt with the same keys and tiers, carries each key's
     /// state (tokens, window counts, leaky schedule) and last-seen time, and the shared
-    /// overflow and keyless states, into the new route at its limit for the key: copied
-    /// once the new engine is built, the most recently seen up to a smaller `max_keys`
-    /// (and every key of a tier). The old route decides on its own state until the new
-    /// engine is put in force: a request it decides after its key was copied is not
-    /// counted in the new route. A partitioned route rebuilt under the same name
-    /// carries the keys it refused
+    /// overflow and keyless states, into the new route at its limit for the key as its
+    /// carried controller stands: copied once the new engine is built, the most
+    /// recently seen up to a smaller `max_keys` (and every key of a tier). So does a
+    /// `shadow_adaptive` route's shadow key table, which follows the cut. The old
+    /// route decides on its own state until the new engine is put in force: a request
+    /// it decides after its key was copied is not counted in the new route. A
+    /// partitioned route rebuilt under the same name carries the keys it refused
     /// since the hints history last took them ([`Engine::take_refused_keys`]; a kept
     /// route holds them still), counted by the same hash.
     /// `config`'s routes are checked first, as for [`Engine::new`]: an error leaves
@@ -571,7 +572,18 @@ impl Engine {
                         });
                         let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
-                            keys_handed.push((i, keys, queue));
+                            // A rate algorithm's shadow keys (shadow_adaptive's, which
+                            // follow a cut) are carried too; a concurrency route's
+                            // start afresh, its old ones left to the old route.
+                            let shadow = match before.map(|r| &r.shadow) {
+                                Some(Some(Shadow::Keys(old)))
+                                    if !matches!(cfg.algorithm, Algorithm::Concurrency { .. }) =>
+                                {
+                                    Some(&**old)
+                                }
+                                _ => None,
+                            };
+                            keys_handed.push((i, keys, queue, shadow));
                         }
                         let written_over = &cfg.controller;
                         let carried = carried.map(|memory| (memory, self.hook.as_ref()));
@@ -594,7 +606,7 @@ impl Engine {
         // built, so that fewer keys are first reached on the old engine after they are
         // taken (a client's first request during the reload): such a key is not
         // carried, and its permits are not counted in the new route.
-        for (i, old, queue) in keys_handed {
+        for (i, old, queue, old_shadow) in keys_handed {
             let built = engine
                 .routes
                 .get_mut(i)
@@ -604,6 +616,9 @@ impl Engine {
                 let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
                 if let Some(p) = r.partitioned.as_mut() {
                     p.keys.take_over(old, queue, progress);
+                }
+                if let (Some(Shadow::Keys(new)), Some(old)) = (r.shadow.as_mut(), old_shadow) {
+                    new.take_over(old, queue, progress);
                 }
             }
         }
