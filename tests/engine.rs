@@ -1110,6 +1110,36 @@ fn reloaded_at(e: &Engine, routes: Vec<RouteConfig>, at: Nanos) -> Engine {
         .unwrap()
 }
 
+/// `e` and its route `id`, or, given `route`, `e` reloaded with it alone at `at` and
+/// that route.
+fn reloaded_or_not(
+    e: Engine,
+    id: RouteId,
+    route: Option<RouteConfig>,
+    at: Nanos,
+) -> (Engine, RouteId) {
+    match route {
+        Some(route) => {
+            let e = reloaded_at(&e, vec![route], at);
+            let id = e.route_at(0).unwrap();
+            (e, id)
+        }
+        None => (e, id),
+    }
+}
+
+/// A route `name` keyed by client IP in a table of `max_keys`, at 10 req/s, cut to 3
+/// above a ROC of 50, calm below 10.
+fn ten_per_ip_cut_to_three(name: &str, max_keys: usize) -> RouteConfig {
+    let mut cfg = RouteConfig::new(name, RouteMatch::any());
+    cfg.partition = Partition::ClientIp(key_table(max_keys, None));
+    cfg.controller.base_limit_rps = 10.0;
+    cfg.controller.cut_limit_rps = 3.0;
+    cfg.controller.danger_roc = 50.0;
+    cfg.controller.safe_roc = 10.0;
+    cfg
+}
+
 /// A route keyed by client IP at 5 req/s (1 when cut) by `algorithm`, its table
 /// bounded by `limits`.
 fn five_per_ip_route(algorithm: Algorithm, limits: KeyLimits) -> RouteConfig {
@@ -1343,15 +1373,10 @@ fn a_reload_that_changes_idle_timeout_carries_the_overflow_and_keyless_states() 
 fn a_key_carried_by_a_reload_during_a_cut_refills_at_the_cut_limit() {
     let run = |reload: bool| {
         let cfg = |max_keys: usize| {
-            let mut v = RouteConfig::new("ip", RouteMatch::any());
+            let mut v = ten_per_ip_cut_to_three("ip", max_keys);
             v.algorithm = Algorithm::TokenBucket {
                 burst: Duration::from_secs(10),
             };
-            v.partition = Partition::ClientIp(key_table(max_keys, None));
-            v.controller.base_limit_rps = 10.0;
-            v.controller.cut_limit_rps = 3.0;
-            v.controller.danger_roc = 50.0;
-            v.controller.safe_roc = 10.0;
             v
         };
         let e = engine(vec![cfg(100)]);
@@ -1364,13 +1389,7 @@ fn a_key_carried_by_a_reload_during_a_cut_refills_at_the_cut_limit() {
             ControllerState::Cut
         );
         assert!(admitted_at_once(&e, id, ip(1), 100, at) > 0);
-        let (e, id) = if reload {
-            let e2 = reloaded_at(&e, vec![cfg(200)], at);
-            let id2 = e2.route_at(0).unwrap();
-            (e2, id2)
-        } else {
-            (e, id)
-        };
+        let (e, id) = reloaded_or_not(e, id, reload.then(|| cfg(200)), at);
         let mut params = e.route_params(id).unwrap();
         params.cut_limit_rps = 2.0;
         e.update_route(id, params, Nanos::from_millis(11_500))
@@ -1393,13 +1412,8 @@ fn a_key_carried_by_a_reload_during_a_cut_refills_at_the_cut_limit() {
 fn a_shadow_adaptive_reload_during_a_cut_carries_the_shadow_keys() {
     let run = |reload: bool| {
         let cfg = |max_keys: usize| {
-            let mut v = RouteConfig::new("sa-ip", RouteMatch::any());
+            let mut v = ten_per_ip_cut_to_three("sa-ip", max_keys);
             v.mode = Mode::ShadowAdaptive;
-            v.partition = Partition::ClientIp(key_table(max_keys, None));
-            v.controller.base_limit_rps = 10.0;
-            v.controller.cut_limit_rps = 3.0;
-            v.controller.danger_roc = 50.0;
-            v.controller.safe_roc = 10.0;
             v
         };
         let e = engine(vec![cfg(100)]);
@@ -1408,13 +1422,7 @@ fn a_shadow_adaptive_reload_during_a_cut_carries_the_shadow_keys() {
         offer(&e, id, Key::None, 10.0, 11.0, 500.0);
         offer(&e, id, ip(1), 11.0, 12.0, 8.0);
         let at = Nanos::from_secs(12);
-        let (e, id) = if reload {
-            let e2 = reloaded_at(&e, vec![cfg(200)], at);
-            let id2 = e2.route_at(0).unwrap();
-            (e2, id2)
-        } else {
-            (e, id)
-        };
+        let (e, id) = reloaded_or_not(e, id, reload.then(|| cfg(200)), at);
         let before = e.route_snapshot(id, at).unwrap();
         assert_eq!(before.state, ControllerState::Cut);
         let (admitted, _) = offer(&e, id, ip(1), 12.0, 13.0, 8.0);
