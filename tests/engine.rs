@@ -932,6 +932,155 @@ fn a_reload_that_rebuilds_a_partitioned_route_mid_cut_cuts_its_keys() {
     assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 60.0));
 }
 
+/// `cfg` on a ROC window of 4 s: a change that a reload makes by rebuilding the route.
+fn on_a_four_second_window(mut cfg: RouteConfig) -> RouteConfig {
+    cfg.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    cfg
+}
+
+/// A route limited as a whole, at 5 req/s, by `algorithm`.
+fn five_per_second(algorithm: Algorithm) -> RouteConfig {
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.algorithm = algorithm;
+    cfg.controller.base_limit_rps = 5.0;
+    cfg.controller.cut_limit_rps = 1.0;
+    cfg
+}
+
+/// A route limited as a whole that a reload rebuilds carries its limiter's state, as
+/// it carries its controller: drained, it stays drained, and refills as the route
+/// never rebuilt does, under every rate algorithm (a token bucket into another burst
+/// too). It started full: 5 more at once, a fresh burst in the middle of whatever
+/// drained it. A limiter whose shape the rebuild changes where its state has no
+/// meaning (a window counter's window) starts afresh.
+#[test]
+fn a_route_rebuilt_by_a_reload_carries_its_limiters_state() {
+    let at = Nanos::from_secs(1);
+    let admitted = |cfg: RouteConfig, rebuilt: Option<RouteConfig>| {
+        let e = engine(vec![cfg]);
+        let id = e.route_at(0).unwrap();
+        assert_eq!(admitted_at_once(&e, id, Key::None, 10, at), 5, "drained");
+        let (e, id) = reloaded_or_not(e, id, rebuilt, at);
+        [1.0, 1.2, 1.5, 2.5, 4.0]
+            .map(|t| admitted_at_once(&e, id, Key::None, 10, Nanos::from_secs_f64(t)))
+    };
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let cfg = five_per_second(algorithm);
+        let never_rebuilt = admitted(cfg.clone(), None);
+        assert_eq!(never_rebuilt[0], 0, "{name}");
+        let rebuilt = admitted(cfg.clone(), Some(on_a_four_second_window(cfg)));
+        assert_eq!(rebuilt, never_rebuilt, "{name}");
+    }
+    let bucket = |secs| {
+        five_per_second(Algorithm::TokenBucket {
+            burst: Duration::from_secs(secs),
+        })
+    };
+    // Empty at 1 s, refilling at 5 a second up to 10 tokens: 1 at 1.2 s, 1 of 1.5 at
+    // 1.5 s, 5 of 5.5 at 2.5 s, 8 of 0.5 + 7.5 at 4 s (5 in a burst of 1 s).
+    assert_eq!(admitted(bucket(1), Some(bucket(2))), [0, 1, 1, 5, 8]);
+    assert_eq!(admitted(bucket(1), None), [0, 1, 1, 5, 5]);
+    let window = |ms| {
+        five_per_second(Algorithm::FixedWindow {
+            window: Duration::from_millis(ms),
+        })
+    };
+    assert_eq!(admitted(window(1000), Some(window(2000)))[0], 10, "afresh");
+}
+
+/// The flash-sale default route (base 200, cut 60) at 40 req/s for 10 s, then 600 for
+/// one: cut at 11 s. `cfg`'s mode, if given, else `enforce`.
+fn cut_at_eleven(mode: Mode) -> (Engine, RouteId) {
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.mode = mode;
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!((s.state, s.limit_rps), (ControllerState::Cut, 60.0));
+    (e, id)
+}
+
+/// Rebuilt during a cut, a route's bucket carries the tokens the spike left it (none),
+/// and its twin at the base limit the tokens the base would have left: the next 3 s
+/// of the spike are admitted, and counted against the base, as on the route never
+/// rebuilt. The bucket started full at the cut's 60 (60 more admitted), and the twin
+/// full at 60 too, copied from it at the cut it found.
+#[test]
+fn a_route_rebuilt_during_a_cut_carries_its_bucket_and_its_twin() {
+    let run = |rebuild: bool| {
+        let (e, id) = cut_at_eleven(Mode::Enforce);
+        let at = Nanos::from_secs(11);
+        let cfg = RouteConfig::new("r", RouteMatch::any());
+        let (e, id) = reloaded_or_not(e, id, rebuild.then(|| on_a_four_second_window(cfg)), at);
+        let before = e.route_snapshot(id, at).unwrap();
+        let (admitted, _) = offer(&e, id, Key::None, 11.0, 14.0, 600.0);
+        let after = e.route_snapshot(id, Nanos::from_secs(14)).unwrap();
+        assert_eq!(after.state, ControllerState::Cut);
+        let counted = |s: &rocgate::engine::RouteSnapshot| {
+            (
+                s.cut_vs_base_rejected.unwrap(),
+                s.cut_vs_base_admitted.unwrap(),
+            )
+        };
+        let (b, a) = (counted(&before), counted(&after));
+        (admitted, a.0 - b.0, a.1 - b.1)
+    };
+    let never_rebuilt = run(false);
+    assert_eq!(never_rebuilt.0, 3 * 60, "the cut's rate, no burst");
+    assert_eq!(run(true), never_rebuilt);
+}
+
+/// A reload that moves a route from `enforce` to `shadow_adaptive` during a cut
+/// rebuilds it: the bucket it enforces at the base takes the tokens of the twin that
+/// followed the base (none, the spike spent them), so the spike's next second is
+/// admitted at the base as on a route in `shadow_adaptive` all along. It started
+/// full: 200 more admitted.
+#[test]
+fn a_route_that_leaves_enforce_for_shadow_adaptive_during_a_cut_enforces_the_bases_tokens() {
+    let at = Nanos::from_secs(11);
+    let (e, id) = cut_at_eleven(Mode::Enforce);
+    let mut cfg = RouteConfig::new("r", RouteMatch::any());
+    cfg.mode = Mode::ShadowAdaptive;
+    let (e, id) = reloaded_or_not(e, id, Some(cfg), at);
+    let (moved, _) = offer(&e, id, Key::None, 11.0, 12.0, 600.0);
+    let (e, id) = cut_at_eleven(Mode::ShadowAdaptive);
+    let (all_along, _) = offer(&e, id, Key::None, 11.0, 12.0, 600.0);
+    assert_eq!(all_along, 200);
+    assert!(
+        moved.abs_diff(all_along) <= 1,
+        "{moved} against {all_along}"
+    );
+}
+
+/// A partitioned route's `route_limit` total is carried by a reload that rebuilds the
+/// route, as its keys are: drained by three clients, it still refuses a fourth, new
+/// one, and half a second later has the 5 its rate brings. It started full: the
+/// fourth client's 5 admitted.
+#[test]
+fn a_partitioned_route_rebuilt_by_a_reload_carries_its_total() {
+    let at = Nanos::from_secs(1);
+    let run = |rebuild: bool| {
+        let mut cfg = five_per_ip_route(RATE_ALGORITHMS[0], KeyLimits::default());
+        cfg.route_limit_rps = Some(10.0);
+        let e = engine(vec![cfg.clone()]);
+        let id = e.route_at(0).unwrap();
+        let spent: usize = (1..=3)
+            .map(|n| admitted_at_once(&e, id, ip(n), 5, at))
+            .sum();
+        assert_eq!(spent, 10, "the total's burst");
+        let (e, id) = reloaded_or_not(e, id, rebuild.then(|| on_a_four_second_window(cfg)), at);
+        // A new client each time: a key the total refuses has spent its own tokens.
+        [(4, 1.0), (5, 1.5)]
+            .map(|(n, t)| admitted_at_once(&e, id, ip(n), 5, Nanos::from_secs_f64(t)))
+    };
+    let never_rebuilt = run(false);
+    assert_eq!(never_rebuilt, [0, 5]);
+    assert_eq!(run(true), never_rebuilt);
+}
+
 /// A rate route restoring at 100 req/s (cut at about 10 s, restoring from 15.4 s in
 /// steps of 20 a second, 100 at 17.4 s: two steps of the seven from its cut limit of
 /// 60 to its base of 200), stepped every slot up to 17.4 s.

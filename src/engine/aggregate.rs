@@ -49,6 +49,7 @@
 //! (at 100 of 60 → 200, a cut limit of 150 raises the keys to 150 and lowers the total
 //! from 500 to 300), as it puts a tier back at its own cut limit.
 
+use super::Held;
 use crate::clock::Nanos;
 use crate::config::Mode;
 use crate::controller::Controller;
@@ -217,6 +218,18 @@ impl Aggregate {
     /// The total in force, req/s (see [`Aggregate::follow`]). One atomic load.
     pub(super) fn in_force_rps(&self) -> f64 {
         f64::from_bits(self.in_force.load(Ordering::Relaxed))
+    }
+
+    /// The total's buckets by the limit each holds, as a reload that rebuilds the
+    /// route carries them ([`Held`]): the total as the cut holds it, and the total
+    /// at its configured value, which is the same bucket outside a cut (`engaged`
+    /// false), and none during one but in `shadow_adaptive`.
+    pub(super) fn held(&self, engaged: bool) -> [Option<Held<'_>>; 2] {
+        let bucket = Some(Held::Bucket(&self.bucket));
+        match &self.shadow {
+            Some(cut) => [Some(Held::Bucket(cut)), bucket],
+            None => [bucket, bucket.filter(|_| !engaged)],
+        }
     }
 
     /// Tokens left at `now` and the capacity.

@@ -467,9 +467,16 @@ impl Engine {
     /// overflow and keyless states, into the new route at its limit for the key as its
     /// carried controller stands: copied once the new engine is built, the most
     /// recently seen up to a smaller `max_keys` (and every key of a tier). So does a
-    /// `shadow_adaptive` route's shadow key table, which follows the cut. The old
-    /// route decides on its own state until the new engine is put in force: a request
-    /// it decides after its key was copied is not counted in the new route. A
+    /// `shadow_adaptive` route's shadow key table, which follows the cut. A route
+    /// limited as a whole carries its limiter's state the same way, and a partitioned
+    /// route its `route_limit` total's, each by the limit it holds (the cut's, or the
+    /// base's: a twin's, a `shadow_adaptive` route's), where the new route has one of
+    /// the same algorithm: a token bucket's tokens (any burst, converted to the new
+    /// rate and capacity), a window counter's counts (a window of the same length), a
+    /// leaky bucket's schedule (any queue). A limiter of another algorithm starts
+    /// full at the carried limit. The old route decides on its own state until the new
+    /// engine is put in force: a request it decides after its state was copied is not
+    /// counted in the new route. A
     /// partitioned route rebuilt under the same name carries the keys it refused
     /// since the hints history last took them ([`Engine::take_refused_keys`]; a kept
     /// route holds them still), counted by the same hash.
@@ -505,6 +512,7 @@ impl Engine {
         config.validate()?;
         let mut refused = Vec::new();
         let mut keys_handed = Vec::new();
+        let mut states_carried = Vec::new();
         // Looked up by name, each name's first: a route is kept, or hands its permits
         // and keys over, only under its own name (names are unique in an engine, as
         // `Config::validate` wants them), and trying every old route for each new one
@@ -570,6 +578,9 @@ impl Engine {
                                 memory.carried_across(st.controller.params(), &own.controller, now)
                             }
                         });
+                        if let Some(r) = before {
+                            states_carried.push((i, r));
+                        }
                         let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
                             // A rate algorithm's shadow keys (shadow_adaptive's, which
@@ -602,10 +613,15 @@ impl Engine {
             .collect();
         let mut engine =
             Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone());
-        // The keys of a partitioned route handed over come in last, once the rest is
-        // built, so that fewer keys are first reached on the old engine after they are
-        // taken (a client's first request during the reload): such a key is not
-        // carried, and its permits are not counted in the new route.
+        // The state of a route rebuilt, and the keys of a partitioned route handed
+        // over, come in last, once the rest is built, so that fewer decisions are made
+        // on the old engine after they are taken (they are not counted in the new
+        // route), and fewer keys are first reached there (a client's first request
+        // during the reload): such a key is not carried, and its permits are not
+        // counted in the new route.
+        for (i, old) in states_carried {
+            engine.routes[i].route.take_state(old, now);
+        }
         for (i, old, queue, old_shadow) in keys_handed {
             let built = engine
                 .routes
@@ -1745,6 +1761,32 @@ enum HandedOver<'a> {
     Keys(&'a Keys, u32, u64),
 }
 
+/// A route-wide limiter whose state a reload carries into the route that rebuilds its
+/// route ([`Route::take_state`]): a limiter, or a bucket beside one (a twin, or a
+/// `route_limit`'s total).
+#[derive(Clone, Copy)]
+enum Held<'a> {
+    Limiter(&'a Limiter),
+    Bucket(&'a TokenBucket),
+}
+
+impl Held<'_> {
+    /// Takes `from`'s state at `now`, if it is of the same algorithm (see
+    /// [`Limiter::copy_from`]).
+    fn take(self, from: Held<'_>, now: Nanos) {
+        match (self, from) {
+            (Held::Limiter(to), Held::Limiter(from)) => {
+                to.copy_from(from, now);
+            }
+            (
+                Held::Limiter(Limiter::TokenBucket(to)) | Held::Bucket(to),
+                Held::Limiter(Limiter::TokenBucket(from)) | Held::Bucket(from),
+            ) => to.copy_from(from, now),
+            _ => {}
+        }
+    }
+}
+
 /// How long from `now` until the time `next` holds (ns; 0: none).
 fn eta(next: &AtomicU64, now: Nanos) -> Option<Duration> {
     match next.load(Ordering::Relaxed) {
@@ -1807,7 +1849,8 @@ impl Route {
     /// rebuilds, as it stands at `now`, goes on under `cfg`'s parameters (a cut stays
     /// a cut, a restore keeps its place: [`Controller::from_memory`]), taking no
     /// action for one window, its new window empty; the limiters start full at its
-    /// limit. The transition that `cfg`'s parameters, or an event's running at `now`,
+    /// limit, until the reload gives them the old route's state
+    /// ([`Route::take_state`]). The transition that `cfg`'s parameters, or an event's running at `now`,
     /// make (a restore that reaches their base limit ends) is counted and passed to
     /// the hook carried with it. Else the controller starts in `Normal`.
     fn new(
@@ -1991,6 +2034,49 @@ impl Route {
         };
         self.handed_over.store(true, Ordering::Relaxed);
         Some(handed)
+    }
+
+    /// The route-wide limiters, and a partitioned route's total, by the limit each
+    /// holds: `[[at the controller's limit, at the base limit]; 2]`, the route-wide
+    /// limiters first. The base's is the limit's own outside a cut; during one, the
+    /// twin of a token bucket once engaged ([`Shadow::Twin`]), or none. In
+    /// `shadow_adaptive` the enforced limiter holds the base, and the shadow the cut.
+    fn held(&self) -> [[Option<Held<'_>>; 2]; 2] {
+        let engaged = self.engaged.load(Ordering::Relaxed);
+        let limiter = Held::Limiter(&self.limiter);
+        let route = match (&self.partitioned, &self.shadow) {
+            (Some(_), _) => [None, None],
+            (None, Some(Shadow::Route(cut))) => [Some(Held::Limiter(cut)), Some(limiter)],
+            (None, _) if !engaged => [Some(limiter), Some(limiter)],
+            (None, Some(Shadow::Twin(twin)))
+                if self.behind.load(Ordering::Relaxed) & TWIN_ENGAGED != 0 =>
+            {
+                [Some(limiter), Some(Held::Bucket(twin))]
+            }
+            (None, _) => [Some(limiter), None],
+        };
+        let total = self.aggregate().map_or([None, None], |a| a.held(engaged));
+        [route, total]
+    }
+
+    /// Takes the state of `old`'s route-wide limiters (and total) at `now`, where this
+    /// route, built by a reload in `old`'s place (under its controller, carried), has
+    /// one holding the same limit, of the same algorithm: the tokens, window counts or
+    /// leaky schedule that `old` had, at this route's limits, not a full limiter.
+    /// Each by the limit it holds, whatever the modes: a route that leaves `enforce`
+    /// for `shadow_adaptive` during a cut enforces its base with the twin's tokens, and
+    /// counts the cut with the cut bucket's. `concurrency`'s permits are handed over
+    /// instead ([`Route::hand_over`]); a partitioned route's keys are taken apart
+    /// ([`Keys::take_over`]).
+    fn take_state(&self, old: &Route, now: Nanos) {
+        for (to, from) in self.held().into_iter().zip(old.held()) {
+            // The base's first: where one limiter holds both, the limit's is kept.
+            for role in [1, 0] {
+                if let (Some(to), Some(from)) = (to[role], from[role]) {
+                    to.take(from, now);
+                }
+            }
+        }
     }
 
     /// Whether `cfg` describes this route with the same shape of state (its matcher

@@ -45,6 +45,14 @@ impl LeakyBucket {
         words::give_back(&self.next_free, pace, now)
     }
 
+    /// Takes the schedule of `from`, a bucket of a route a reload rebuilds: the next
+    /// request leaves when it would have left there, at this bucket's pace and within
+    /// its queue.
+    pub(crate) fn copy_from(&self, from: &LeakyBucket) {
+        self.next_free
+            .store(from.next_free.load(Ordering::Acquire), Ordering::Release);
+    }
+
     /// Changes the pace; requests already scheduled keep their departure times.
     pub fn set_limit(&self, limit: f64) {
         self.emission_ns

@@ -378,6 +378,29 @@ impl Limiter {
         }
     }
 
+    /// Takes the state `from` holds at `now`, the limiter of a route that a reload
+    /// rebuilds as this one's (see [`Engine::reload`](crate::engine::Engine::reload)),
+    /// kept at this limiter's limit: a token bucket the tokens (converted to its rate,
+    /// clamped to its capacity: any burst), a window counter the counts of its windows
+    /// (of the same length), a leaky bucket its schedule (any queue). Whether it took
+    /// them: a limiter of another algorithm, or a window of another length, has none
+    /// this one could take, and `concurrency`'s permits are handed over, not copied.
+    pub(crate) fn copy_from(&self, from: &Limiter, now: Nanos) -> bool {
+        match (self, from) {
+            (Limiter::TokenBucket(to), Limiter::TokenBucket(from)) => {
+                to.copy_from(from, now);
+                true
+            }
+            (Limiter::FixedWindow(to), Limiter::FixedWindow(from)) => to.copy_from(from),
+            (Limiter::SlidingWindow(to), Limiter::SlidingWindow(from)) => to.copy_from(from),
+            (Limiter::LeakyBucket(to), Limiter::LeakyBucket(from)) => {
+                to.copy_from(from);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// How full the limiter is at `now`.
     pub fn level(&self, now: Nanos) -> Level {
         match self {

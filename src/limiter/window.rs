@@ -38,6 +38,16 @@ impl WindowQuota {
     }
 }
 
+/// Copies `from`'s counts into `to` if both count windows of the same length (each
+/// word keeps its window's start, in windows of its own length). Whether it did.
+fn copy_counts(to: (&AtomicU64, &WindowQuota), from: (&AtomicU64, &WindowQuota)) -> bool {
+    if to.1.window_ms != from.1.window_ms {
+        return false;
+    }
+    to.0.store(from.0.load(Ordering::Acquire), Ordering::Release);
+    true
+}
+
 /// Counts requests per fixed window; admits `limit × window` per window.
 #[derive(Debug)]
 pub struct FixedWindow {
@@ -68,6 +78,12 @@ impl FixedWindow {
     /// Changes the per-second limit; the current window's count is kept.
     pub fn set_limit(&self, limit: f64) {
         self.quota.set_limit(limit);
+    }
+
+    /// Takes the counts of `from`, a counter of a route a reload rebuilds, if its
+    /// window has the same length. Whether it took them.
+    pub(crate) fn copy_from(&self, from: &FixedWindow) -> bool {
+        copy_counts((&self.word, &self.quota), (&from.word, &from.quota))
     }
 
     /// Requests counted in the current window, and the quota.
@@ -106,6 +122,12 @@ impl SlidingWindowCounter {
     /// Changes the per-second limit; counts are kept.
     pub fn set_limit(&self, limit: f64) {
         self.quota.set_limit(limit);
+    }
+
+    /// Takes the counts of `from`, a counter of a route a reload rebuilds, if its
+    /// window has the same length. Whether it took them.
+    pub(crate) fn copy_from(&self, from: &SlidingWindowCounter) -> bool {
+        copy_counts((&self.word, &self.quota), (&from.word, &from.quota))
     }
 
     /// The weighted count at `now`, and the quota.
