@@ -869,20 +869,9 @@ fn a_runtime_change_applies_to_the_live_state() {
 /// 60 and 60 a second, and at a steady 600 the spike read calm and was never cut again.
 #[test]
 fn a_reload_that_rebuilds_a_route_mid_cut_keeps_the_cut() {
-    let cfg = RouteConfig::new("r", RouteMatch::any());
-    let e = engine(vec![cfg.clone()]);
-    let id = e.route_at(0).unwrap();
-    offer(&e, id, Key::None, 0.0, 10.0, 40.0);
-    offer(&e, id, Key::None, 10.0, 11.0, 600.0);
+    let (e, id) = cut_at_eleven(Mode::Enforce);
     let at = Nanos::from_secs(11);
-    let before = e.route_snapshot(id, at).unwrap();
-    assert_eq!(
-        (before.state, before.limit_rps),
-        (ControllerState::Cut, 60.0)
-    );
-
-    let mut rebuilt = cfg;
-    rebuilt.window = WindowSpec::new(Duration::from_secs(4), Duration::from_millis(100)).unwrap();
+    let rebuilt = on_a_four_second_window(RouteConfig::new("r", RouteMatch::any()));
     let e2 = e
         .reload(&Config::new(vec![rebuilt]), at, SystemTime::UNIX_EPOCH)
         .unwrap();
@@ -989,8 +978,8 @@ fn a_route_rebuilt_by_a_reload_carries_its_limiters_state() {
     assert_eq!(admitted(window(1000), Some(window(2000)))[0], 10, "afresh");
 }
 
-/// The flash-sale default route (base 200, cut 60) at 40 req/s for 10 s, then 600 for
-/// one: cut at 11 s. `cfg`'s mode, if given, else `enforce`.
+/// The default route (base 200, cut 60) in `mode`, at 40 req/s for 10 s, then 600 for
+/// one: cut at 11 s.
 fn cut_at_eleven(mode: Mode) -> (Engine, RouteId) {
     let mut cfg = RouteConfig::new("r", RouteMatch::any());
     cfg.mode = mode;
