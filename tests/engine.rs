@@ -1575,6 +1575,41 @@ fn a_shadow_adaptive_reload_during_a_cut_carries_the_shadow_keys() {
     assert_eq!(run(true), never_rebuilt);
 }
 
+/// A reload that moves a keyed route from `enforce` to `shadow_adaptive` during a cut
+/// builds its shadow key table, which follows the cut, from the keys that followed it:
+/// the next second's refusals the cut would have made are counted as on a route in
+/// `shadow_adaptive` all along. The table started empty, each client's shadow bucket
+/// full at the cut's limit, and a cut's burst of each was not counted.
+#[test]
+fn a_keyed_route_that_leaves_enforce_for_shadow_adaptive_during_a_cut_counts_the_cut_from_its_keys()
+{
+    let run = |mode: Mode| {
+        let cfg = |mode: Mode| {
+            let mut v = ten_per_ip_cut_to_three("ip", 100);
+            v.mode = mode;
+            v
+        };
+        let e = engine(vec![cfg(mode)]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        offer(&e, id, ip(1), 11.0, 12.0, 8.0);
+        let at = Nanos::from_secs(12);
+        let moved = (mode != Mode::ShadowAdaptive).then(|| cfg(Mode::ShadowAdaptive));
+        let (e, id) = reloaded_or_not(e, id, moved, at);
+        let before = e.route_snapshot(id, at).unwrap();
+        assert_eq!(before.state, ControllerState::Cut);
+        let (admitted, _) = offer(&e, id, ip(1), 12.0, 13.0, 8.0);
+        let after = e.route_snapshot(id, Nanos::from_secs(13)).unwrap();
+        let counted =
+            after.shadow_rejected_for(Reason::RocCut) - before.shadow_rejected_for(Reason::RocCut);
+        (admitted, counted)
+    };
+    let all_along = run(Mode::ShadowAdaptive);
+    assert_eq!(all_along.0, 8, "enforced at the base");
+    assert_eq!(run(Mode::Enforce), all_along);
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to

@@ -467,7 +467,9 @@ impl Engine {
     /// overflow and keyless states, into the new route at its limit for the key as its
     /// carried controller stands: copied once the new engine is built, the most
     /// recently seen up to a smaller `max_keys` (and every key of a tier). So does a
-    /// `shadow_adaptive` route's shadow key table, which follows the cut. A route
+    /// `shadow_adaptive` route's shadow key table, which follows the cut (a route the
+    /// reload moves into `shadow_adaptive` builds it from its keys, which followed the
+    /// cut). A route
     /// limited as a whole carries its limiter's state the same way, and a partitioned
     /// route its `route_limit` total's, each by the limit it holds (the cut's, or the
     /// base's: a twin's, a `shadow_adaptive` route's), where the new route has one of
@@ -584,15 +586,14 @@ impl Engine {
                         let handed = before.and_then(|r| r.hand_over(cfg));
                         if let Some(HandedOver::Keys(keys, queue, _)) = handed {
                             // A rate algorithm's shadow keys (shadow_adaptive's, which
-                            // follow a cut) are carried too; a concurrency route's
-                            // start afresh, its old ones left to the old route.
+                            // follow a cut) are carried too: from the old route's shadow
+                            // keys, or, a route that was not shadow_adaptive, from its
+                            // keys, which followed the cut. A concurrency route's start
+                            // afresh, its old ones left to the old route.
                             let shadow = match before.map(|r| &r.shadow) {
-                                Some(Some(Shadow::Keys(old)))
-                                    if !matches!(cfg.algorithm, Algorithm::Concurrency { .. }) =>
-                                {
-                                    Some(&**old)
-                                }
-                                _ => None,
+                                _ if matches!(cfg.algorithm, Algorithm::Concurrency { .. }) => None,
+                                Some(Some(Shadow::Keys(old))) => Some(&**old),
+                                _ => Some(keys),
                             };
                             keys_handed.push((i, keys, queue, shadow));
                         }
