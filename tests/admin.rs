@@ -394,19 +394,21 @@ async fn a_runtime_change_past_a_durations_bound_is_refused() {
     p.stop().await;
 }
 
-/// A duration written as a bare number is refused as the file refuses it, asking for
-/// a unit, each field named: it was "invalid type: integer `5`, expected a string",
-/// and the first alone.
+/// A duration is a JSON string: one written as a bare number, or any other JSON value
+/// that is no string, is a change that does not read (400), each field named with
+/// what it takes. A bare number was taken as its text and refused by the rules (422)
+/// as `invalid duration "5": time unit needed`, where a field of any other wrong JSON
+/// type is 400.
 #[tokio::test]
-async fn a_runtime_change_of_a_duration_without_a_unit_asks_for_one() {
+async fn a_runtime_change_of_a_duration_not_written_as_a_string_asks_for_one() {
     let p = start(None).await;
-    refused_on_order(
+    malformed_on_order(
         p.admin,
-        r#"{"hold": 5, "max_cut": 2.5}"#,
-        // As the errors' JSON text quotes them.
+        r#"{"hold": 5, "max_cut": 2.5, "min_dwell": true}"#,
         &[
-            r#"hold: invalid duration \"5\": time unit needed, for example 5sec or 5ms"#,
-            r#"max_cut: invalid duration \"2.5\": time unit needed"#,
+            r#"PUT /admin/routes/order: hold: must be a duration string such as "5s" or "100ms", got the number 5"#,
+            r#"PUT /admin/routes/order: max_cut: must be a duration string such as "5s" or "100ms", got the number 2.5"#,
+            r#"PUT /admin/routes/order: min_dwell: must be a duration string such as "5s" or "100ms", got true"#,
         ],
     )
     .await;

@@ -557,29 +557,47 @@ impl<'de> Deserialize<'de> for Flag {
     }
 }
 
-/// A duration of a runtime change, as text: a JSON number is taken as its text, and
-/// refused as the file refuses a bare number (`invalid duration "5": time unit
-/// needed`), with the other fields' problems; it was "invalid type: integer `5`,
-/// expected a string", and the change's first problem alone.
+/// A duration of a runtime change: a JSON string, read by the file's rules. Any other
+/// JSON value (`5`, `2.5`, `true`, an array, an object) is refused naming what it is,
+/// as a change that does not read (400): a bare number was taken as its text and
+/// refused by the rules (422) as `invalid duration "5": time unit needed`, where every
+/// other field of the wrong JSON type is a change that does not read. (`null` is
+/// refused before, by [`not_null`].)
 #[derive(Debug)]
 struct DurationText(String);
 
 impl<'de> Deserialize<'de> for DurationText {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct DurationVisitor;
-        impl Visitor<'_> for DurationVisitor {
+        impl DurationVisitor {
+            fn refuse<E: de::Error>(got: fmt::Arguments<'_>) -> Result<DurationText, E> {
+                Err(E::custom(format!(
+                    "must be a duration string such as \"5s\" or \"100ms\", got {got}"
+                )))
+            }
+        }
+        impl<'de> Visitor<'de> for DurationVisitor {
             type Value = DurationText;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a duration such as \"5s\"")
+                f.write_str("a duration string such as \"5s\" or \"100ms\"")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<DurationText, E> {
+                Self::refuse(format_args!("{v}"))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
+                Self::refuse(format_args!("the number {v}"))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
+                Self::refuse(format_args!("the number {v}"))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
+                Self::refuse(format_args!("the number {v}"))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<DurationText, A::Error> {
+                Self::refuse(format_args!("an array"))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<DurationText, A::Error> {
+                Self::refuse(format_args!("an object"))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<DurationText, E> {
                 Ok(DurationText(v.to_owned()))

@@ -42,12 +42,14 @@ fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
         r#"{"hold": null}"#,
         r#"{"base_limit": 1e400}"#,
         r#"{"min_samples": true}"#,
+        r#"{"hold": 5}"#,
+        r#"{"max_cut": 2.5}"#,
+        r#"{"min_dwell": [1]}"#,
     ] {
         assert!(malformed(json), "{json}");
     }
     for json in [
         r#"{"cut_limit": 300}"#,
-        r#"{"hold": 5}"#,
         r#"{"hold": "soon"}"#,
         r#"{"base_limit": -1}"#,
         r#"{"roc_mode": "sideways"}"#,
@@ -336,6 +338,8 @@ fn a_change_setting_a_field_to_null_is_refused_at_that_field() {
 /// JSON position serde_json appends ended the `null` refusal's "to go back to the
 /// file's parameters at line 1 column 20", which read as a place in the config file.
 /// A problem of the text's syntax keeps its position: it has no field to name.
+/// A duration given no string (`5`, `true`, an array) says it takes a duration string:
+/// `5` was taken as the text "5" and refused by the rules (422) as without a unit.
 #[test]
 fn a_changes_field_problem_is_placed_by_its_field_alone() {
     for (json, field, message) in [
@@ -352,12 +356,32 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
         (
             r#"{"hold": true}"#,
             "hold",
-            "invalid type: boolean `true`, expected a duration such as \"5s\"",
+            "must be a duration string such as \"5s\" or \"100ms\", got true",
         ),
         (
             r#"{"hold": 5}"#,
             "hold",
-            "invalid duration \"5\": time unit needed, for example 5sec or 5ms",
+            "must be a duration string such as \"5s\" or \"100ms\", got the number 5",
+        ),
+        (
+            r#"{"max_cut": 2.5}"#,
+            "max_cut",
+            "must be a duration string such as \"5s\" or \"100ms\", got the number 2.5",
+        ),
+        (
+            r#"{"min_dwell": ["5s"]}"#,
+            "min_dwell",
+            "must be a duration string such as \"5s\" or \"100ms\", got an array",
+        ),
+        (
+            r#"{"restore_interval": {"s": 5}}"#,
+            "restore_interval",
+            "must be a duration string such as \"5s\" or \"100ms\", got an object",
+        ),
+        (
+            r#"{"hold": null}"#,
+            "hold",
+            "null is no value: leave the field out to keep it, or withdraw the change to go back to the file's parameters",
         ),
     ] {
         let e = patch_controller(&ControllerParams::default(), &Algorithm::default(), json, None)
