@@ -141,7 +141,7 @@ impl Config {
     /// ```
     ///
     /// Names are case-insensitive; values are text, read as the field needs (`95`, `5s`,
-    /// `shadow`). A part made only of digits is an index into an array of tables
+    /// `shadow`; a number with TOML's underscores between digits, `1_000`). A part made only of digits is an index into an array of tables
     /// (`routes`, `events`, `tiers`, counted from 0), which must exist in the file: the
     /// environment can change a route, not add one. Arrays of values (a tier's
     /// `values`, `server.trusted_proxies`) cannot be set from the environment, whole or
@@ -1215,6 +1215,43 @@ mod tests {
         let catch_all = &c.routes[2];
         assert_eq!(catch_all.matcher.path, PathPattern::Prefix("/".into()));
         assert!(catch_all.controller.base_limit_rps > order.controller.base_limit_rps);
+    }
+
+    /// A number from the environment takes TOML's underscores between digits
+    /// (`1_000`, `2_5.0_5e1_0`), as the file does: it was refused, where the file took
+    /// it. One anywhere else (`1__0`, `_1`, `1_`, `1_.5`, `1e_5`) is refused as TOML
+    /// refuses it, saying where an underscore goes.
+    #[test]
+    fn an_env_number_takes_underscores_between_digits_as_toml_does() {
+        let vars = env(&[
+            ("ROCGATE__ROUTES__0__BASE_LIMIT", "1_000"),
+            ("ROCGATE__ROUTES__0__CUT_LIMIT", "2_5.0_5e0_1"),
+            ("ROCGATE__ROUTES__0__MIN_SAMPLES", "1_2"),
+        ]);
+        let c = Config::from_toml_str_with_env(ROUTE, "t.toml", vars).unwrap();
+        let r = &c.routes[0].controller;
+        assert_eq!(r.base_limit_rps, 1000.0);
+        assert_eq!(r.cut_limit_rps, 250.5);
+        assert_eq!(r.min_samples, 12);
+        for (var, value, expected) in [
+            ("BASE_LIMIT", "1__0", "a number"),
+            ("BASE_LIMIT", "_1", "a number"),
+            ("BASE_LIMIT", "1_", "a number"),
+            ("BASE_LIMIT", "1_.5", "a number"),
+            ("BASE_LIMIT", "1e_5", "a number"),
+            ("MIN_SAMPLES", "1__2", "a whole number ≥ 0"),
+        ] {
+            let e = error(ROUTE, &[(&format!("ROCGATE__ROUTES__0__{var}"), value)]);
+            assert_eq!(
+                e,
+                format!(
+                    "t.toml: routes[0].{}: invalid value: string {value:?}, expected \
+                     {expected} (an underscore goes between two digits, as in 1_000) \
+                     (set by environment variable ROCGATE__ROUTES__0__{var})",
+                    var.to_lowercase()
+                )
+            );
+        }
     }
 
     #[test]

@@ -348,6 +348,34 @@ fn not_text_of<E: de::Error>(v: &str, expected: &dyn de::Expected) -> E {
     )
 }
 
+/// The text `v` of a number from the environment without TOML's underscores
+/// (`1_000` is `1000`), or, where an underscore does not stand between two digits as
+/// TOML has it (`1__0`, `_1`, `1_`, `1_.5`), the refusal of `v` as not the `expected`
+/// number, saying where one goes.
+fn without_underscores<'a, E: de::Error>(
+    v: &'a str,
+    expected: &dyn de::Expected,
+) -> Result<std::borrow::Cow<'a, str>, E> {
+    if !v.contains('_') {
+        return Ok(std::borrow::Cow::Borrowed(v));
+    }
+    let bytes = v.as_bytes();
+    let between_digits = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'_'
+            || (i > 0
+                && bytes[i - 1].is_ascii_digit()
+                && bytes.get(i + 1).is_some_and(u8::is_ascii_digit))
+    });
+    if !between_digits {
+        return Err(E::custom(format!(
+            "invalid value: string {:?}, expected {expected} (an underscore goes between \
+             two digits, as in 1_000)",
+            quoted(v)
+        )));
+    }
+    Ok(std::borrow::Cow::Owned(v.replace('_', "")))
+}
+
 /// A number, as written in the file (integer or float) or as text from the
 /// environment. Stricter than the `config` crate's own conversion: `true` is not 1.
 #[derive(Clone, Copy, Debug)]
@@ -383,7 +411,7 @@ impl Visitor<'_> for NumVisitor {
         if !self.takes_text {
             return Err(text_for_a_number(v, false, &self));
         }
-        let read = v.trim().parse().map(Num);
+        let read = without_underscores(v.trim(), &self)?.parse().map(Num);
         match read {
             // Past what a number holds (`1e400`), which Rust reads as infinity: refused as
             // the file's is, not as an infinity nobody wrote (`inf` is one, refused by
@@ -432,7 +460,7 @@ impl Visitor<'_> for WholeVisitor {
         if !self.takes_text {
             return Err(text_for_a_number(v, true, &self));
         }
-        v.trim()
+        without_underscores(v.trim(), &self)?
             .parse()
             .map(Whole)
             .map_err(|_| not_text_of(v, &self))
