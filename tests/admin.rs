@@ -1185,6 +1185,11 @@ async fn odd_numbers_in_a_change_are_refused_or_taken_as_the_file_would() {
             "base_limit: number out of range at line 1 column 20",
         ),
         (
+            r#"{"min_rps": 1e-400}"#,
+            400,
+            r#"min_rps: number out of range, got \"1e-400\": nearer 0 than any number held"#,
+        ),
+        (
             r#"{"base_limit": -0}"#,
             422,
             "base_limit: must be a number > 0, got -0",

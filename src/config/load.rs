@@ -5,7 +5,8 @@
 //! [`Config::load`] for how variables name fields.
 
 use super::raw::{
-    bare_number, error_location, key_text, node_urls, one_line, text_refusal, RawConfig,
+    bare_number, error_location, key_text, node_urls, one_line, text_refusal, written_not_0,
+    RawConfig, NEARER_0,
 };
 use super::{escaped, quoted, quotes_bounded, Config};
 use crate::store::masked_url;
@@ -232,6 +233,10 @@ impl Config {
             .add_source(config::File::from_str(text, config::FileFormat::Toml))
             .build()
             .map_err(|e| fail(vec![syntax_problem(text, &e)]))?;
+        // As a number past the largest held is refused, before any other problem.
+        if let Some(problem) = float_read_as_0(text, &file.cache) {
+            return Err(fail(vec![problem]));
+        }
 
         let mut problems = Vec::new();
         let mut overrides: Vec<Override> = Vec::new();
@@ -1091,33 +1096,93 @@ fn position(text: &str, at: usize) -> String {
 /// beyond `i64`, a float that overflows to infinity), as the `config` crate converts
 /// them: its field path (`routes[0].base_limit`) and byte offset.
 fn out_of_range_number(text: &str) -> Option<(String, usize)> {
+    use toml::de::DeValue;
+    let (field, at, _) = first_number(text, &|value| match value {
+        DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).is_err(),
+        DeValue::Float(f) => f
+            .as_str()
+            .parse::<f64>()
+            .map_or(true, |x| x.is_infinite() && !f.as_str().contains("inf")),
+        _ => false,
+    })?;
+    Some((field, at))
+}
+
+/// The problem of the first float in `file`'s `text` written not 0 but nearer 0 than
+/// any number held (`1e-400`), which TOML reads as 0 ([`written_not_0`]): it was taken
+/// as 0, or refused as `got 0`, a 0 nobody wrote. The text is read again only where
+/// the file (`file`, read from it) holds a float 0.
+fn float_read_as_0(text: &str, file: &config::Value) -> Option<Problem> {
+    use toml::de::DeValue;
+    let mut zero = false;
+    walk(file, &mut Vec::new(), &mut |_, v| {
+        zero |= matches!(v.kind, config::ValueKind::Float(x) if x == 0.0)
+    });
+    if !zero {
+        return None;
+    }
+    let (field, at, written) = first_number(text, &|value| match value {
+        DeValue::Float(f) => {
+            let digits = f.as_str();
+            digits
+                .parse::<f64>()
+                .is_ok_and(|x| written_not_0(digits, x))
+        }
+        _ => false,
+    })?;
+    Some(Problem::new(
+        field,
+        format!(
+            "number out of range at {}, got {written}: {NEARER_0}",
+            position(text, at)
+        ),
+    ))
+}
+
+/// The first number of `text`, a TOML file, that `refused` refuses: its field path
+/// (`routes[0].base_limit`), byte offset and text as written (the parser's own is
+/// without underscores).
+fn first_number(
+    text: &str,
+    refused: &dyn Fn(&toml::de::DeValue<'_>) -> bool,
+) -> Option<(String, usize, String)> {
     use toml::de::{DeTable, DeValue};
     use toml::Spanned;
 
-    fn in_value(path: String, value: &Spanned<DeValue<'_>>) -> Option<(String, usize)> {
-        let out_of_range = match value.get_ref() {
-            DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).is_err(),
-            DeValue::Float(f) => f
-                .as_str()
-                .parse::<f64>()
-                .map_or(true, |x| x.is_infinite() && !f.as_str().contains("inf")),
-            DeValue::Table(table) => return in_table(&format!("{path}."), table),
-            DeValue::Array(items) => {
-                return items
-                    .iter()
-                    .enumerate()
-                    .find_map(|(i, item)| in_value(format!("{path}[{i}]"), item))
+    type Found = Option<(String, std::ops::Range<usize>)>;
+    fn in_value(
+        path: String,
+        value: &Spanned<DeValue<'_>>,
+        refused: &dyn Fn(&DeValue<'_>) -> bool,
+    ) -> Found {
+        match value.get_ref() {
+            DeValue::Table(table) => in_table(&format!("{path}."), table, refused),
+            DeValue::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| in_value(format!("{path}[{i}]"), item, refused)),
+            number @ (DeValue::Integer(_) | DeValue::Float(_)) => {
+                refused(number).then(|| (path, value.span()))
             }
-            DeValue::String(_) | DeValue::Boolean(_) | DeValue::Datetime(_) => false,
-        };
-        out_of_range.then(|| (path, value.span().start))
+            DeValue::String(_) | DeValue::Boolean(_) | DeValue::Datetime(_) => None,
+        }
     }
-    fn in_table(prefix: &str, table: &DeTable<'_>) -> Option<(String, usize)> {
+    fn in_table(
+        prefix: &str,
+        table: &DeTable<'_>,
+        refused: &dyn Fn(&DeValue<'_>) -> bool,
+    ) -> Found {
         table.iter().find_map(|(key, value)| {
-            in_value(format!("{prefix}{}", key_text(key.get_ref())), value)
+            in_value(
+                format!("{prefix}{}", key_text(key.get_ref())),
+                value,
+                refused,
+            )
         })
     }
-    in_table("", DeTable::parse(text).ok()?.get_ref())
+    let (field, span) = in_table("", DeTable::parse(text).ok()?.get_ref(), refused)?;
+    let written = text.get(span.clone()).unwrap_or_default().to_owned();
+    Some((field, span.start, written))
 }
 
 /// Whether the file's `[admin] token` is a TOML date-time, which the `config` crate
@@ -1215,6 +1280,49 @@ mod tests {
         let catch_all = &c.routes[2];
         assert_eq!(catch_all.matcher.path, PathPattern::Prefix("/".into()));
         assert!(catch_all.controller.base_limit_rps > order.controller.base_limit_rps);
+    }
+
+    /// A number written not 0 but nearer 0 than any number held (`1e-400`), which
+    /// reads as 0, is refused naming its field and the number as written, in the file
+    /// and from the environment alike: it was taken as 0 where 0 is allowed
+    /// (`min_rps`), or refused as `must be a number > 0, got 0`, a 0 nobody wrote. A
+    /// 0 written so (`0e-400`, `0.0`) is 0, and a number as small as a number holds
+    /// (`5e-324`) is taken.
+    #[test]
+    fn a_number_nearer_0_than_any_held_is_refused_as_written() {
+        const WHY: &str =
+            "nearer 0 than any number held, it would read as 0 (write 0 if 0 is meant)";
+        for (var, value) in [
+            ("MIN_RPS", "1e-400"),
+            ("BASE_LIMIT", "-1E-400"),
+            ("BASE_LIMIT", "1_0e-4_00"),
+        ] {
+            let e = error(ROUTE, &[(&format!("ROCGATE__ROUTES__0__{var}"), value)]);
+            assert_eq!(
+                e,
+                format!(
+                    "t.toml: routes[0].{}: number out of range, got {value:?}: {WHY} \
+                     (set by environment variable ROCGATE__ROUTES__0__{var})",
+                    var.to_lowercase()
+                )
+            );
+        }
+        assert_eq!(
+            error(&format!("{ROUTE}min_rps = 1e-400\n"), &[]),
+            format!("t.toml: routes[0].min_rps: number out of range at line 4, column 11, got 1e-400: {WHY}")
+        );
+        assert_eq!(
+            error(&format!("{ROUTE}[[routes.tiers]]\nname = \"t\"\nvalues = [\"a\"]\nbase_limit = 0.000_1e-3_99\n"), &[]),
+            format!("t.toml: routes[0].tiers[0].base_limit: number out of range at line 7, column 14, got 0.000_1e-3_99: {WHY}")
+        );
+        for (written, read) in [("0e-400", 0.0), ("0.0", 0.0), ("5e-324", 5e-324)] {
+            let env = env(&[("ROCGATE__ROUTES__0__MIN_RPS", written)]);
+            let c = Config::from_toml_str_with_env(ROUTE, "t.toml", env).unwrap();
+            assert_eq!(c.routes[0].controller.min_rps, read, "{written}");
+            let file = format!("{ROUTE}min_rps = {written}\n");
+            let c = Config::from_toml_str(&file, "t.toml").unwrap();
+            assert_eq!(c.routes[0].controller.min_rps, read, "{written}");
+        }
     }
 
     /// A number from the environment takes TOML's underscores between digits

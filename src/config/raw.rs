@@ -348,6 +348,23 @@ fn not_text_of<E: de::Error>(v: &str, expected: &dyn de::Expected) -> E {
     )
 }
 
+/// Why a number written not 0 but reading as 0 is refused: how the file, the
+/// environment's overrides and a runtime change end its refusal, after the number as
+/// written.
+pub(super) const NEARER_0: &str =
+    "nearer 0 than any number held, it would read as 0 (write 0 if 0 is meant)";
+
+/// Whether the number written `text` (TOML's, JSON's or an override's, a float), read as
+/// `read`, is written not 0 (a digit before its exponent is not 0) but reads as 0,
+/// nearer 0 than any number held (`1e-400`): taken, it was a 0 nobody wrote.
+pub(super) fn written_not_0(text: &str, read: f64) -> bool {
+    read == 0.0
+        && text
+            .split(['e', 'E'])
+            .next()
+            .is_some_and(|mantissa| mantissa.bytes().any(|b| matches!(b, b'1'..=b'9')))
+}
+
 /// The text `v` of a number from the environment without TOML's underscores
 /// (`1_000` is `1000`), or, where an underscore does not stand between two digits as
 /// TOML has it (`1__0`, `_1`, `1_`, `1_.5`), the refusal of `v` as not the `expected`
@@ -419,6 +436,11 @@ impl Visitor<'_> for NumVisitor {
             Ok(Num(n)) if n.is_infinite() && v.bytes().any(|b| b.is_ascii_digit()) => Err(
                 E::custom(format!("number out of range, got {:?}", quoted(v))),
             ),
+            // Nearer 0 than any number held (`1e-400`), which Rust reads as 0.
+            Ok(Num(n)) if written_not_0(v, n) => Err(E::custom(format!(
+                "number out of range, got {:?}: {NEARER_0}",
+                quoted(v)
+            ))),
             Ok(n) => Ok(n),
             Err(_) => Err(not_text_of(v, &self)),
         }
@@ -3791,13 +3813,14 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
         Problem::new(location, message)
     };
     let mut de = serde_json::Deserializer::from_str(json);
-    let Fields(fields) = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let location = error_location(e.path());
-        vec![problem(
-            location.clone(),
-            json_problem(e.inner(), &location),
-        )]
-    })?;
+    let Fields::<serde_json::Value>(fields) =
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let location = error_location(e.path());
+            vec![problem(
+                location.clone(),
+                json_problem(e.inner(), &location),
+            )]
+        })?;
     // Whatever follows the object (a second one) would be dropped silently.
     de.end()
         .map_err(|e| vec![Problem::new("", e.to_string())])?;
@@ -3805,9 +3828,10 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
     for (key, _) in &fields {
         *given.entry(key).or_default() += 1;
     }
+    let read_as_0 = numbers_read_as_0(json, &fields);
     let mut problems = Vec::new();
     let mut object = serde_json::Map::new();
-    for (key, value) in &fields {
+    for (i, (key, value)) in fields.iter().enumerate() {
         if object.contains_key(key) {
             continue;
         }
@@ -3819,7 +3843,12 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
             ));
         }
         let alone = serde_json::Value::Object([(key.clone(), value.clone())].into_iter().collect());
-        if let Err(e) = serde_path_to_error::deserialize::<_, RawPatch>(alone) {
+        if let Some(text) = read_as_0.get(i).copied().flatten() {
+            problems.push(problem(
+                key_text(key).into_owned(),
+                format!("number out of range, got {:?}: {NEARER_0}", quoted(text)),
+            ));
+        } else if let Err(e) = serde_path_to_error::deserialize::<_, RawPatch>(alone) {
             let location = error_location(e.path());
             problems.push(problem(location, e.inner().to_string()));
         }
@@ -3846,18 +3875,20 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
 const MAX_PATCH_PROBLEMS: usize = 50;
 
 /// A JSON object's fields as written: in order, a field given twice kept twice (a map
-/// would keep one, and the change's reader would not see it was given twice).
-struct Fields(Vec<(String, serde_json::Value)>);
+/// would keep one, and the change's reader would not see it was given twice). Each
+/// value a [`serde_json::Value`], or its text (`&RawValue`), where a number's is
+/// needed.
+struct Fields<V>(Vec<(String, V)>);
 
-impl<'de> Deserialize<'de> for Fields {
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct FieldsVisitor;
-        impl<'de> Visitor<'de> for FieldsVisitor {
-            type Value = Fields;
+        struct FieldsVisitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for FieldsVisitor<V> {
+            type Value = Fields<V>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Fields<V>, A::Error> {
                 let mut fields = Vec::new();
                 while let Some(key) = map.next_key::<String>()? {
                     fields.push((key, map.next_value()?));
@@ -3865,8 +3896,33 @@ impl<'de> Deserialize<'de> for Fields {
                 Ok(Fields(fields))
             }
         }
-        d.deserialize_map(FieldsVisitor)
+        d.deserialize_map(FieldsVisitor(std::marker::PhantomData))
     }
+}
+
+/// For each field of the change `json` (a JSON object that reads as `fields`), in
+/// order, the number it writes not 0 but that reads as 0 (`1e-400`,
+/// [`written_not_0`]), as written: serde_json reads it as 0, and keeps no text of it.
+/// Empty where no field's number is 0: only then is the text read again.
+fn numbers_read_as_0<'a>(
+    json: &'a str,
+    fields: &[(String, serde_json::Value)],
+) -> Vec<Option<&'a str>> {
+    let zero = |v: &serde_json::Value| v.as_f64() == Some(0.0);
+    if !fields.iter().any(|(_, v)| zero(v)) {
+        return Vec::new();
+    }
+    let Ok(Fields(texts)) = serde_json::from_str::<Fields<&serde_json::value::RawValue>>(json)
+    else {
+        return Vec::new();
+    };
+    texts
+        .into_iter()
+        .zip(fields)
+        .map(|((_, text), (_, v))| {
+            (zero(v) && written_not_0(text.get(), 0.0)).then_some(text.get())
+        })
+        .collect()
 }
 
 impl Settings {

@@ -87,6 +87,36 @@ fn a_whole_number_out_of_its_bounds_is_refused_with_the_changes_other_problems()
     );
 }
 
+/// A number written not 0 but nearer 0 than any number held (`1e-400`) is refused as a
+/// body that is no change (400), as one past the largest (`1e400`) is, naming the
+/// field and the number as written: serde_json reads it as 0, which was taken where 0
+/// is allowed (`min_rps`) or refused as `got 0`. A 0 written so (`0e-400`) is 0.
+#[test]
+fn a_number_nearer_0_than_any_held_is_a_change_that_does_not_read() {
+    let patched = |json: &str| {
+        super::patch_controller(
+            &ControllerParams::default(),
+            &Algorithm::default(),
+            json,
+            None,
+        )
+    };
+    let Err(PatchError::Malformed(e)) = patched(r#"{"min_rps": 1e-400, "base_limit": -2.5E-999}"#)
+    else {
+        panic!("taken or refused by the rules");
+    };
+    let said: Vec<String> = e.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        said,
+        [
+            "min_rps: number out of range, got \"1e-400\": nearer 0 than any number held, it would read as 0 (write 0 if 0 is meant)",
+            "base_limit: number out of range, got \"-2.5E-999\": nearer 0 than any number held, it would read as 0 (write 0 if 0 is meant)",
+        ]
+    );
+    let params = patched(r#"{"min_rps": 0e-400}"#).unwrap();
+    assert_eq!(params.min_rps, 0.0);
+}
+
 /// A number written as a string is told how to write it only where its text, without
 /// the quotes, is a JSON number the field takes: `Infinity`, `NaN`, `.5`, `+5`, `007`
 /// and `1e400` are no JSON number, and `7.0` no whole one, so the advice was a change
