@@ -485,7 +485,7 @@ fn file_text_for_values(merged: &config::Value) -> (Vec<Problem>, config::Value)
         };
         let (bare, stand_in) = match takes {
             TAKES_BOOL => {
-                let t = text.trim();
+                let t = text.trim_ascii();
                 let bare = (t == "true" || t == "false").then_some(t);
                 (bare, config::ValueKind::Boolean(false))
             }
@@ -1280,6 +1280,82 @@ mod tests {
         let catch_all = &c.routes[2];
         assert_eq!(catch_all.matcher.path, PathPattern::Prefix("/".into()));
         assert!(catch_all.controller.base_limit_rps > order.controller.base_limit_rps);
+    }
+
+    /// Whitespace other than ASCII's (a no-break space, U+2003, U+3000) around a value
+    /// read from text (a duration, a number or `true` from the environment, an
+    /// address, an upstream, a time) is no whitespace a value is read without: the
+    /// value is refused naming its field, the character shown escaped. It was dropped
+    /// silently (`"5s\u{a0}"` read as 5s), as spaces and tabs still are.
+    #[test]
+    fn a_value_with_unicode_whitespace_around_it_is_refused() {
+        let event = "[[routes.events]]\nname = \"e\"\nduration = \"1h\"\n";
+        for (file, field, shown) in [
+            (
+                format!("{ROUTE}hold = \"5s\u{a0}\"\n"),
+                "routes[0].hold",
+                "5s\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}{event}start = \"\u{2003}2030-01-01T00:00:00Z\"\n"),
+                "routes[0].events[0].start",
+                "\\u{2003}2030",
+            ),
+            (
+                format!("{ROUTE}[server]\nlisten = \"127.0.0.1:8080\u{3000}\"\n"),
+                "server.listen",
+                "8080\\u{3000}",
+            ),
+            (
+                format!("{ROUTE}[server]\nupstream = \"http://127.0.0.1:9000\u{a0}\"\n"),
+                "server.upstream",
+                "9000\\u{a0}",
+            ),
+        ] {
+            let e = error(&file, &[]);
+            assert!(e.starts_with(&format!("t.toml: {field}: ")), "{e}");
+            assert!(e.contains(shown), "{e}");
+        }
+        for (var, value, field, shown) in [
+            (
+                "ROUTES__0__HOLD",
+                "\u{2003}5s",
+                "routes[0].hold",
+                "\\u{2003}5s",
+            ),
+            (
+                "ROUTES__0__BASE_LIMIT",
+                "300\u{a0}",
+                "routes[0].base_limit",
+                "300\\u{a0}",
+            ),
+            (
+                "ROUTES__0__MIN_SAMPLES",
+                "3\u{3000}",
+                "routes[0].min_samples",
+                "3\\u{3000}",
+            ),
+            (
+                "SERVER__NORMALIZE_PATH",
+                "true\u{a0}",
+                "server.normalize_path",
+                "true\\u{a0}",
+            ),
+        ] {
+            let e = error(ROUTE, &[(&format!("ROCGATE__{var}"), value)]);
+            assert!(e.starts_with(&format!("t.toml: {field}: ")), "{e}");
+            assert!(e.contains(shown), "{e}");
+            assert!(
+                e.ends_with(&format!("(set by environment variable ROCGATE__{var})")),
+                "{e}"
+            );
+        }
+        let file = format!("{ROUTE}hold = \" 5s\t\"\n[server]\nlisten = \" 127.0.0.1:8080 \"\n");
+        let env = env(&[("ROCGATE__ROUTES__0__BASE_LIMIT", " 300\t")]);
+        let c = Config::from_toml_str_with_env(&file, "t.toml", env).unwrap();
+        assert_eq!(c.routes[0].controller.hold, Duration::from_secs(5));
+        assert_eq!(c.routes[0].controller.base_limit_rps, 300.0);
+        assert_eq!(c.server.listen, "127.0.0.1:8080".parse().unwrap());
     }
 
     /// A number written not 0 but nearer 0 than any number held (`1e-400`), which

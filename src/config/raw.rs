@@ -428,7 +428,7 @@ impl Visitor<'_> for NumVisitor {
         if !self.takes_text {
             return Err(text_for_a_number(v, false, &self));
         }
-        let read = without_underscores(v.trim(), &self)?.parse().map(Num);
+        let read = without_underscores(v.trim_ascii(), &self)?.parse().map(Num);
         match read {
             // Past what a number holds (`1e400`), which Rust reads as infinity: refused as
             // the file's is, not as an infinity nobody wrote (`inf` is one, refused by
@@ -482,7 +482,7 @@ impl Visitor<'_> for WholeVisitor {
         if !self.takes_text {
             return Err(text_for_a_number(v, true, &self));
         }
-        without_underscores(v.trim(), &self)?
+        without_underscores(v.trim_ascii(), &self)?
             .parse()
             .map(Whole)
             .map_err(|_| not_text_of(v, &self))
@@ -574,7 +574,7 @@ pub(super) fn text_refusal(v: &str, bare: Option<&str>, expected: &dyn fmt::Disp
 /// string is written without its quotes. Only such text is advised, so that the advice
 /// is never text that does not read, or that the field refuses as no whole number.
 pub(super) fn bare_number(text: &str, whole: bool) -> Option<&str> {
-    let bare = text.trim();
+    let bare = text.trim_ascii();
     serde_json::from_str::<serde_json::Number>(bare).ok()?;
     (!whole || bare.parse::<u64>().is_ok()).then_some(bare)
 }
@@ -596,7 +596,7 @@ impl<'de> Deserialize<'de> for Flag {
                 Ok(Flag(v))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Flag, E> {
-                match v.trim() {
+                match v.trim_ascii() {
                     "true" => Ok(Flag(true)),
                     "false" => Ok(Flag(false)),
                     _ => Err(not_text_of(v, &self)),
@@ -1031,10 +1031,19 @@ impl Reader<'_> {
 }
 
 fn any_duration(text: String) -> Result<Duration, String> {
-    if text.trim_start().starts_with('-') {
+    if text.trim_ascii_start().starts_with('-') {
         return Err(format!("must not be negative, got {:?}", quoted(&text)));
     }
-    humantime::parse_duration(text.trim()).map_err(|e| {
+    // humantime reads any whitespace as a space: "5s\u{a0}" was 5s, read without the
+    // character nobody sees, where every other value refuses it.
+    if let Some(c) = text.chars().find(|c| c.is_whitespace() && !c.is_ascii()) {
+        return Err(format!(
+            "invalid duration {:?}: holds U+{:04X}, whitespace that is no space or tab",
+            quoted(&text),
+            u32::from(c)
+        ));
+    }
+    humantime::parse_duration(text.trim_ascii()).map_err(|e| {
         let why = match e {
             // The unit as written, the whole value at worst: quoted as the value is.
             humantime::DurationError::UnknownUnit { unit, .. } if !unit.is_empty() => format!(
@@ -1167,7 +1176,7 @@ fn utc_text<D: fmt::Display>(t: SystemTime, format: fn(SystemTime) -> D) -> Stri
 /// An RFC 3339 time in UTC; its `T` and `Z` may be lower case (RFC 3339 §5.6), and a
 /// space may stand for the `T`.
 fn utc_time(text: String) -> Result<SystemTime, String> {
-    let mut written = text.trim().to_ascii_uppercase();
+    let mut written = text.trim_ascii().to_ascii_uppercase();
     if written.get(10..11) == Some(" ") {
         written.replace_range(10..11, "T");
     }
@@ -2108,7 +2117,7 @@ fn route_tiers(p: &mut Problems, i: usize, raw: Vec<RawTier>, s: &Settings) -> O
                     let location = format!("{}[{k}]", at.path("values"));
                     let mut key = None;
                     let value = match partition {
-                        Some(PartitionKind::Ip) => match value.trim().parse::<IpAddr>() {
+                        Some(PartitionKind::Ip) => match value.trim_ascii().parse::<IpAddr>() {
                             Ok(ip) => {
                                 key = Some(client_key(ip, v6_prefix));
                                 ip.to_string()
@@ -2719,7 +2728,7 @@ impl RawRoute {
 
 /// A socket address such as `127.0.0.1:8080` or `[::1]:8080`.
 fn socket_addr(text: String) -> Result<SocketAddr, String> {
-    text.trim().parse().map_err(|_| {
+    text.trim_ascii().parse().map_err(|_| {
         format!(
             "must be an IP address and port such as \"127.0.0.1:8080\", got {:?}",
             quoted(&text)
@@ -2730,7 +2739,7 @@ fn socket_addr(text: String) -> Result<SocketAddr, String> {
 /// An upstream URL: `http://host[:port]`, nothing after the authority but `/`, a port
 /// from 1 to 65535.
 pub(super) fn upstream_url(text: String) -> Result<String, UpstreamError> {
-    let t = text.trim();
+    let t = text.trim_ascii();
     // A scheme is case-insensitive (RFC 3986 §3.1): `HTTP://` is `http://`.
     let after = |scheme: &str| {
         t.get(..scheme.len())
@@ -2805,7 +2814,7 @@ pub(super) fn host_and_port(authority: &str) -> (&str, Option<&str>) {
 /// refused: it was taken as its whole network, every peer of the proxy's subnet
 /// believed, where one address may have been meant.
 fn network(text: &str) -> Result<ipnet::IpNet, String> {
-    let t = text.trim();
+    let t = text.trim_ascii();
     let net = t
         .parse::<ipnet::IpNet>()
         .or_else(|_| t.parse::<IpAddr>().map(ipnet::IpNet::from))
@@ -2966,7 +2975,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
     // whether it was read: a misspelt version is an error of its own.
     let mut protocol_off = true;
     if let Some(version) = server.proxy_protocol {
-        let read = match version.trim().to_ascii_lowercase().as_str() {
+        let read = match version.trim_ascii().to_ascii_lowercase().as_str() {
             "off" => Ok(ProxyProtocol::Off),
             "v1" => Ok(ProxyProtocol::V1),
             "v2" => Ok(ProxyProtocol::V2),
@@ -3045,7 +3054,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         );
     }
     if let Some(header) = server.client_ip_header {
-        let checked = match header.trim().to_ascii_lowercase().as_str() {
+        let checked = match header.trim_ascii().to_ascii_lowercase().as_str() {
             "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
             "forwarded" => Ok(ClientIpHeader::Forwarded),
             _ => Err(format!(
@@ -3226,7 +3235,7 @@ fn hints_config(p: &mut Problems, raw: RawHints) -> HintsConfig {
 /// without TLS for Redis, and would otherwise pass a config check and fail only when
 /// `rocgate serve` starts.
 fn redis_url<'a>(url: &'a str, schemes: &[&str]) -> Result<(&'a str, RedisUrl), String> {
-    let t = url.trim();
+    let t = url.trim_ascii();
     let scheme = t
         .split_once("://")
         .map(|(scheme, _)| scheme.to_ascii_lowercase());
@@ -3406,7 +3415,7 @@ fn cluster_node((url, read): (&str, RedisUrl)) -> Result<(&str, RedisUrl), Strin
 /// `[store]`, each field checked on its own. Redis settings given with the local
 /// backend are refused rather than silently ignored.
 fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
-    let backend = raw.backend.as_deref().map(str::trim);
+    let backend = raw.backend.as_deref().map(str::trim_ascii);
     let redis_fields = [
         ("url", raw.url.is_some()),
         ("cluster_nodes", raw.cluster_nodes.is_some()),
@@ -3540,7 +3549,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         field(p, "key_prefix", checked);
     }
     if let Some(mode) = raw.fail_mode {
-        let checked = match mode.trim() {
+        let checked = match mode.trim_ascii() {
             "local" => Ok(FailMode::Local),
             "open" => Ok(FailMode::Open),
             "closed" => Ok(FailMode::Closed),
@@ -3552,7 +3561,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
         field(p, "fail_mode", checked.map(|m| out.fail_mode = m));
     }
     if let Some(mode) = raw.mode {
-        let checked = match mode.trim() {
+        let checked = match mode.trim_ascii() {
             "exact" => Ok(SyncMode::Exact),
             "batched" => Ok(SyncMode::Batched),
             _ => Err(format!(
