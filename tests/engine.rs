@@ -981,8 +981,14 @@ fn a_route_rebuilt_by_a_reload_carries_its_limiters_state() {
 /// The default route (base 200, cut 60) in `mode`, at 40 req/s for 10 s, then 600 for
 /// one: cut at 11 s.
 fn cut_at_eleven(mode: Mode) -> (Engine, RouteId) {
+    cut_at_eleven_by(mode, Algorithm::default())
+}
+
+/// [`cut_at_eleven`], the route limited by `algorithm`.
+fn cut_at_eleven_by(mode: Mode, algorithm: Algorithm) -> (Engine, RouteId) {
     let mut cfg = RouteConfig::new("r", RouteMatch::any());
     cfg.mode = mode;
+    cfg.algorithm = algorithm;
     let e = engine(vec![cfg]);
     let id = e.route_at(0).unwrap();
     offer(&e, id, Key::None, 0.0, 10.0, 40.0);
@@ -1042,6 +1048,70 @@ fn a_route_that_leaves_enforce_for_shadow_adaptive_during_a_cut_enforces_the_bas
         moved.abs_diff(all_along) <= 1,
         "{moved} against {all_along}"
     );
+}
+
+/// A reload that moves a route from `enforce` to `shadow_adaptive` during a cut, half
+/// way through a limiter's window, enforces the base on what the cut admitted, under
+/// every rate algorithm: over the spike's next 2 s the route admits no more than one
+/// in `shadow_adaptive` all along. A limiter with no twin at the base (all but the
+/// token bucket) started afresh: a fixed window admitted 200 more in the window in
+/// which the cut had admitted 60, 260 in a window of 200.
+#[test]
+fn a_route_moved_into_shadow_adaptive_during_a_cut_counts_what_the_cut_admitted() {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let (e, id) = cut_at_eleven_by(Mode::Enforce, algorithm);
+        let (cut, _) = offer(&e, id, Key::None, 11.0, 11.5, 600.0);
+        let mut cfg = RouteConfig::new("r", RouteMatch::any());
+        cfg.mode = Mode::ShadowAdaptive;
+        cfg.algorithm = algorithm;
+        let (e, id) = reloaded_or_not(e, id, Some(cfg), Nanos::from_millis(11_500));
+        let (moved, _) = offer(&e, id, Key::None, 11.5, 13.0, 600.0);
+        let (e, id) = cut_at_eleven_by(Mode::ShadowAdaptive, algorithm);
+        let (all_along, _) = offer(&e, id, Key::None, 11.0, 13.0, 600.0);
+        assert!(
+            cut + moved <= all_along,
+            "{name}: {cut} + {moved} against {all_along}"
+        );
+    }
+}
+
+/// A reload that moves a keyed route with a `route_limit` from `enforce` to
+/// `shadow_adaptive` during a cut enforces the total at its configured value on the
+/// tokens the cut's total left: drained by new clients at the cut, it refuses the next
+/// ones, as the total of a route in `shadow_adaptive` all along, drained by the same
+/// clients, does. It started full at its configured 20: 20 more admitted.
+#[test]
+fn a_keyed_route_moved_into_shadow_adaptive_during_a_cut_enforces_the_total_left() {
+    let run = |mode: Mode| {
+        let cfg = |mode: Mode| {
+            let mut v = ten_per_ip_cut_to_three("ip", 100);
+            v.route_limit_rps = Some(20.0);
+            v.mode = mode;
+            v
+        };
+        let e = engine(vec![cfg(mode)]);
+        let id = e.route_at(0).unwrap();
+        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
+        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let at = Nanos::from_secs(11);
+        assert_eq!(
+            e.route_snapshot(id, at).unwrap().state,
+            ControllerState::Cut
+        );
+        let drained: usize = (100..130)
+            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
+            .sum();
+        assert!(drained > 0, "{mode:?}");
+        let moved = (mode != Mode::ShadowAdaptive).then(|| cfg(Mode::ShadowAdaptive));
+        let (e, id) = reloaded_or_not(e, id, moved, at);
+        (200..230)
+            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
+            .sum::<usize>()
+    };
+    let all_along = run(Mode::ShadowAdaptive);
+    assert_eq!(all_along, 0);
+    assert_eq!(run(Mode::Enforce), all_along);
 }
 
 /// A partitioned route's `route_limit` total is carried by a reload that rebuilds the

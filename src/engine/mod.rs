@@ -472,11 +472,12 @@ impl Engine {
     /// cut). A route
     /// limited as a whole carries its limiter's state the same way, and a partitioned
     /// route its `route_limit` total's, each by the limit it holds (the cut's, or the
-    /// base's: a twin's, a `shadow_adaptive` route's), where the new route has one of
-    /// the same algorithm: a token bucket's tokens (any burst, converted to the new
-    /// rate and capacity), a window counter's counts (a window of the same length), a
-    /// leaky bucket's schedule (any queue). A limiter of another algorithm starts
-    /// full at the carried limit. The old route decides on its own state until the new
+    /// base's: a twin's, a `shadow_adaptive` route's; the cut's where the old route
+    /// held none at the base), where the new route has one of the same algorithm: a
+    /// token bucket's tokens (any burst, converted to the new rate and capacity), a
+    /// window counter's counts (a window of the same length), a leaky bucket's
+    /// schedule (any queue). A limiter of another algorithm, or a window counter of
+    /// another window, starts afresh at the carried limit. The old route decides on its own state until the new
     /// engine is put in force: a request it decides after its state was copied is not
     /// counted in the new route. A
     /// partitioned route rebuilt under the same name carries the keys it refused
@@ -2066,14 +2067,17 @@ impl Route {
     /// leaky schedule that `old` had, at this route's limits, not a full limiter.
     /// Each by the limit it holds, whatever the modes: a route that leaves `enforce`
     /// for `shadow_adaptive` during a cut enforces its base with the twin's tokens, and
-    /// counts the cut with the cut bucket's. `concurrency`'s permits are handed over
-    /// instead ([`Route::hand_over`]); a partitioned route's keys are taken apart
-    /// ([`Keys::take_over`]).
+    /// counts the cut with the cut bucket's. Where `old` holds nothing at the base (a
+    /// cut in `enforce` or `shadow` with no twin: a limiter of another rate algorithm
+    /// than the token bucket, or a `route_limit` total), the base takes the cut's
+    /// state: what the cut admitted counts against the base, not a full limiter on top
+    /// of it. `concurrency`'s permits are handed over instead ([`Route::hand_over`]); a
+    /// partitioned route's keys are taken apart ([`Keys::take_over`]).
     fn take_state(&self, old: &Route, now: Nanos) {
         for (to, from) in self.held().into_iter().zip(old.held()) {
             // The base's first: where one limiter holds both, the limit's is kept.
             for role in [1, 0] {
-                if let (Some(to), Some(from)) = (to[role], from[role]) {
+                if let (Some(to), Some(from)) = (to[role], from[role].or(from[0])) {
                     to.take(from, now);
                 }
             }
