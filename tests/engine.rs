@@ -1076,6 +1076,32 @@ fn a_route_moved_into_shadow_adaptive_during_a_cut_counts_what_the_cut_admitted(
     }
 }
 
+/// A reload that moves a route from `shadow_adaptive` to `enforce` during a cut
+/// enforces the cut with the state of the limiter that counted it, under every rate
+/// algorithm: at 100 req/s, which drains the cut's 60 and not the base's 200, the next
+/// 1.5 s are admitted as on a route in `enforce` all along (a token bucket's 90), not
+/// from a limiter full at the cut (149), nor from the one that enforced the base (140).
+#[test]
+fn a_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_it_counted() {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let run = |mode: Mode| {
+            let (e, id) = cut_at_eleven_by(mode, algorithm);
+            offer(&e, id, Key::None, 11.0, 11.5, 100.0);
+            let mut cfg = RouteConfig::new("r", RouteMatch::any());
+            cfg.algorithm = algorithm;
+            let moved = (mode != Mode::Enforce).then_some(cfg);
+            let at = Nanos::from_millis(11_500);
+            let (e, id) = reloaded_or_not(e, id, moved, at);
+            let admitted = offer(&e, id, Key::None, 11.5, 13.0, 100.0).0;
+            let s = e.route_snapshot(id, Nanos::from_secs(13)).unwrap();
+            assert_eq!(s.state, ControllerState::Cut, "{name}");
+            admitted
+        };
+        assert_eq!(run(Mode::ShadowAdaptive), run(Mode::Enforce), "{name}");
+    }
+}
+
 /// A reload that moves a keyed route with a `route_limit` from `enforce` to
 /// `shadow_adaptive` during a cut enforces the total at its configured value on the
 /// tokens the cut's total left: drained by new clients at the cut, it refuses the next
