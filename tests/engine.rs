@@ -1182,6 +1182,36 @@ fn restoring_at_100(cfg: &RouteConfig) -> Engine {
     e
 }
 
+/// A reload that rebuilds a route and ends its restore (its base lowered to the 100
+/// reached) leaves the bucket, at the new base, the tokens the restore left it, as a
+/// reload that keeps the route does: drained at 100 req/s, it stays drained. Not
+/// those of its twin, which followed the old base of 200: taken last, as they would
+/// be were the base's taken after the limit's, they admitted 50 more.
+#[test]
+fn a_reload_that_rebuilds_a_route_and_ends_its_restore_keeps_the_buckets_tokens() {
+    let at = Nanos::from_millis(17_400);
+    let run = |rebuild: bool| {
+        let rate = RouteConfig::new("r", RouteMatch::any());
+        let e = restoring_at_100(&rate);
+        let id = e.route_at(0).unwrap();
+        assert!(admitted_at_once(&e, id, Key::None, 150, at) > 0, "drained");
+        let mut cfg = rate;
+        cfg.controller.base_limit_rps = 100.0;
+        let cfg = if rebuild {
+            on_a_four_second_window(cfg)
+        } else {
+            cfg
+        };
+        let (e, reloaded) = reloaded_or_not(e, id, Some(cfg), at);
+        assert_eq!(reloaded != id, rebuild);
+        let s = e.route_snapshot(reloaded, at).unwrap();
+        assert_eq!((s.state, s.limit_rps), (ControllerState::Normal, 100.0));
+        admitted_at_once(&e, reloaded, Key::None, 150, at)
+    };
+    assert_eq!(run(false), 0, "kept");
+    assert_eq!(run(true), 0, "rebuilt");
+}
+
 /// A reload that changes what a route's limit counts (requests per second to requests
 /// in flight, a route's rate to a key's) keeps a restore at its place between the cut
 /// limit and the base, on the new schedule's step at or below it, and goes on from
