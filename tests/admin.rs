@@ -87,6 +87,7 @@ async fn start_from(
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
         built.admin_token = token.map(rocgate::config::Secret::from);
+        built.admin_allowed_hosts = config.server.admin_allowed_hosts.clone();
         built.forward.connect_timeout = Duration::from_millis(200);
         built.forward.response_timeout = Duration::from_secs(1);
         built.forward.max_body_bytes = 1024;
@@ -566,7 +567,7 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     // A token rotated in the file: the running admin API keeps the one it started
     // with, and the operator must hear that the new one is not in force.
     let rotated = format!(
-        "{CONFIG}\n[admin]\ntoken = \"rotated\"\n[server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
+        "{CONFIG}\n[admin]\ntoken = \"rotated\"\nallowed_hosts = [\"rocgate.internal\"]\n[server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
     );
     std::fs::write(
         &p.file,
@@ -590,6 +591,15 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
     let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["restart_required"], serde_json::json!([]), "{body}");
+    // The names the admin API answers as this host's are read at start, as its token.
+    std::fs::write(&p.file, format!("{CONFIG}{ALLOWED}")).unwrap();
+    let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["restart_required"],
+        serde_json::json!(["[admin]"]),
+        "{body}"
+    );
     p.stop().await;
 }
 
@@ -927,6 +937,171 @@ async fn without_a_token_a_web_page_cannot_change_limits() {
         (200, &Value::Bool(true))
     );
     p.stop().await;
+}
+
+/// `[admin] allowed_hosts` beside [`CONFIG`]: a name of this host besides its
+/// addresses and `localhost`.
+const ALLOWED: &str = "\n[admin]\nallowed_hosts = [\"rocgate.internal\"]\n";
+
+/// The refusal of a request from loopback whose `Host` is `host`, without a token set.
+fn foreign_host(host: &str) -> String {
+    format!(
+        "Host \"{host}\" is not a name of this host: from loopback, the admin API answers a \
+         Host that is an IP address, localhost or a name in [admin] allowed_hosts (list it \
+         there if it is one of this host's names)"
+    )
+}
+
+/// A web page served from a name its owner then re-binds to 127.0.0.1 (DNS rebinding)
+/// reaches the loopback admin API as its own origin: its reads carry its name in
+/// `Host` and no `Origin`. Every endpoint refuses them (403, naming the host and the
+/// setting), a change among them, which is not made; and answers a `Host` that names
+/// this host: an IP address (v6 in brackets), `localhost` or a name in
+/// `[admin] allowed_hosts`, in any case, with a port or without, and a request that
+/// names none (HTTP/1.0, or a tool's HTTP/1.1 without `Host`: a browser sends one with
+/// every request). Every read of the page was answered before.
+#[tokio::test]
+async fn a_page_through_a_rebound_name_reads_nothing_from_loopback() {
+    let (p, _) = start_on(None, &format!("{CONFIG}{ALLOWED}"), None).await;
+    let port = p.admin.port();
+    let evil = format!("evil.example:{port}");
+    let paths = [
+        "/admin/routes",
+        "/admin/routes/order",
+        "/admin/hints",
+        "/admin/store",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    ];
+    for path in paths {
+        let (status, answer) =
+            call_with(p.admin, "GET", path, Vec::new(), &[("host", &evil)]).await;
+        assert_eq!(status, 403, "{path}: {answer}");
+        assert_eq!(answer["errors"][0], foreign_host(&evil), "{path}");
+    }
+    let put = br#"{"base_limit": 150}"#.to_vec();
+    let (status, _) = call_with(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        put,
+        &[("host", &evil)],
+    )
+    .await;
+    assert_eq!(status, 403);
+    for host in [
+        format!("127.0.0.1:{port}"),
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+        format!("LocalHost.:{port}"),
+        format!("[::1]:{port}"),
+        "[::1]".to_owned(),
+        "rocgate.internal".to_owned(),
+        format!("Rocgate.Internal:{port}"),
+    ] {
+        for path in paths {
+            let (status, answer) =
+                call_with(p.admin, "GET", path, Vec::new(), &[("host", &host)]).await;
+            assert_eq!(status, 200, "{host} {path}: {answer}");
+        }
+        let (_, all) = call_with(
+            p.admin,
+            "GET",
+            "/admin/routes",
+            Vec::new(),
+            &[("host", &host)],
+        )
+        .await;
+        assert_eq!(route(&all, "order")["runtime_change"], false, "{host}");
+    }
+    for request in [
+        &b"GET /admin/routes HTTP/1.0\r\n\r\n"[..],
+        b"GET /admin/routes HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ] {
+        let raw = raw_admin(p.admin, request).await;
+        assert!(
+            raw.starts_with("HTTP/1.1 200") || raw.starts_with("HTTP/1.0 200"),
+            "{raw}"
+        );
+    }
+    p.stop().await;
+}
+
+/// With a token set, a request from loopback that carries it is answered whatever its
+/// `Host`: a page does not have it, and a tool sending it through a forwarder on the
+/// host that passes its own `Host` on keeps working. Without it, or with another, the
+/// refusal says the token would do.
+#[tokio::test]
+async fn the_token_answers_a_request_whatever_its_host() {
+    let p = start(Some("s3cret")).await;
+    let host = ("host", "admin.example.com");
+    for (authorization, status) in [
+        (None, 403),
+        (Some("Bearer wrong"), 403),
+        (Some("Bearer s3cret"), 200),
+    ] {
+        let headers: Vec<_> = [host]
+            .into_iter()
+            .chain(authorization.map(|a| ("authorization", a)))
+            .collect();
+        let (got, answer) = call_with(p.admin, "GET", "/admin/routes", Vec::new(), &headers).await;
+        assert_eq!(got, status, "{authorization:?}: {answer}");
+        if status == 403 {
+            assert_eq!(
+                answer["errors"][0],
+                format!(
+                    "{}, or a request with the bearer token",
+                    foreign_host("admin.example.com")
+                )
+            );
+        }
+    }
+    p.stop().await;
+}
+
+/// A request refused for its `Host` is logged at `WARN` with the caller's address, the
+/// path, the status and the host, at most one line a second (the proxy's clock), its
+/// `refused` counting those since the line before, as a refused change is, and apart
+/// from the refused changes: a page reading in a loop hides none of those.
+#[tokio::test]
+async fn a_request_refused_for_its_host_is_logged_once_a_second() {
+    let (log, _guard) = Captured::on_this_thread();
+    let clock = Arc::new(ManualClock::new());
+    let (p, _) = start_on(None, CONFIG, Some(clock.clone())).await;
+    let evil = [("host", "evil.example")];
+    for path in ["/admin/routes", "/admin/store", "/metrics"] {
+        assert_eq!(
+            call_with(p.admin, "GET", path, Vec::new(), &evil).await.0,
+            403
+        );
+    }
+    let (status, _) = call_from_page(p.admin, "POST", "/admin/reload", "").await;
+    assert_eq!(status, 403);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        call_with(p.admin, "GET", "/admin/hints", Vec::new(), &evil)
+            .await
+            .0,
+        403
+    );
+    p.stop().await;
+    let refused = log.lines_with("admin request refused");
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    for (line, (path, count)) in refused
+        .iter()
+        .zip([("/admin/routes", 1), ("/admin/hints", 3)])
+    {
+        assert!(line.contains(" WARN "), "{line}");
+        assert!(line.contains("peer=127.0.0.1"), "{line}");
+        assert!(line.contains(&format!("path=\"{path}\"")), "{line}");
+        assert!(
+            line.contains(&format!("status=403 refused={count}")),
+            "{line}"
+        );
+        assert!(line.contains(&foreign_host("evil.example")), "{line}");
+    }
+    assert_eq!(log.lines_with("admin change refused").len(), 1);
 }
 
 #[tokio::test]
@@ -1369,7 +1544,7 @@ async fn a_change_declaring_a_body_too_large_is_refused_at_once() {
     let p = start(None).await;
     let mut stream = tokio::net::TcpStream::connect(p.admin).await.unwrap();
     let head = format!(
-        "PUT /admin/routes/order HTTP/1.1\r\nhost: a\r\ncontent-length: {}\r\n\r\n{{}}",
+        "PUT /admin/routes/order HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{{}}",
         (64 << 10) + 1
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -1628,7 +1803,7 @@ async fn an_unknown_path_or_method_is_refused_with_errors() {
     // A 405 still says which methods the endpoint takes.
     let raw = raw_admin(
         p.admin,
-        b"GET /admin/reload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /admin/reload HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     )
     .await;
     assert!(
@@ -1697,7 +1872,7 @@ async fn an_admin_connection_silent_or_dripping_is_closed() {
 async fn healthz_on(stream: &mut tokio::net::TcpStream, within: Duration) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -2004,9 +2179,11 @@ async fn admin_connections_end_before_run_returns() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let p = start(None).await;
     let mut conn = tokio::net::TcpStream::connect(p.admin).await.unwrap();
-    conn.write_all(b"PUT /admin/routes/order HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        .await
-        .unwrap();
+    conn.write_all(
+        b"PUT /admin/routes/order HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .await
+    .unwrap();
     // The head is read before the proxy stops.
     let mut buf = [0u8; 256];
     assert!(

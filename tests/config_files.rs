@@ -4255,3 +4255,68 @@ fn an_admin_token_written_as_a_date_time_is_refused() {
         );
     }
 }
+
+/// `[admin] allowed_hosts` takes host names, kept lower-case without a trailing dot
+/// (the admin API compares them so); an entry that is no host name alone is refused,
+/// naming the entry's index and what to leave out: a URL's scheme, path or port, or an
+/// IP address (always answered: the list names this host, not the clients allowed).
+#[test]
+fn admin_allowed_hosts_takes_host_names_alone() {
+    let text = format!(
+        "{ORDER}[admin]\nallowed_hosts = [\"rocgate.internal\", \"Admin.Example.\", \"host_1\"]\n"
+    );
+    let c = Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.server.admin_allowed_hosts,
+        ["rocgate.internal", "admin.example", "host_1"]
+    );
+    let none = Config::from_toml_str(ORDER, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(none.server.admin_allowed_hosts.is_empty());
+    for (entry, message) in [
+        (
+            "",
+            "must not be empty: a name of this host that a request's Host may carry, such as \"rocgate.internal\"",
+        ),
+        (
+            "rocgate.internal:9090",
+            "must be a host name alone, got \"rocgate.internal:9090\": leave out the port (:9090): a name listed is taken on any port",
+        ),
+        (
+            "http://rocgate.internal",
+            "must be a host name alone, got \"http://rocgate.internal\": leave out the scheme (http://)",
+        ),
+        (
+            "rocgate.internal/admin",
+            "must be a host name alone, got \"rocgate.internal/admin\": leave out the path (/admin)",
+        ),
+        (
+            "10.0.0.7",
+            "\"10.0.0.7\" is an IP address, which the admin API answers without being listed",
+        ),
+        (
+            "[::1]",
+            "\"[::1]\" is an IP address, which the admin API answers without being listed",
+        ),
+        (
+            "rocgate internal",
+            "must be a host name (labels of letters, digits, - and _ between dots, each of 1 to 63 characters), got \"rocgate internal\"",
+        ),
+        (
+            "rocgate..internal",
+            "must be a host name (labels of letters",
+        ),
+        ("*.internal", "must be a host name (labels of letters"),
+    ] {
+        let text = format!(
+            "{ORDER}[admin]\nallowed_hosts = [\"rocgate.internal\", {:?}]\n",
+            entry
+        );
+        refused(&text, "admin.allowed_hosts[1]", message);
+        assert_eq!(problems(&text).len(), 1, "{entry}: {:?}", problems(&text));
+    }
+    refused(
+        &format!("{ORDER}[admin]\nallowed_hosts = \"rocgate.internal\"\n"),
+        "admin.allowed_hosts",
+        "expected a sequence",
+    );
+}

@@ -176,9 +176,11 @@ async fn start_proxy_with(
     }
 }
 
+/// `GET path`, naming the host as `localhost`: the admin API answers no other name
+/// from loopback.
 fn get(path: &str) -> Request<Empty<Bytes>> {
     Request::get(path)
-        .header("host", "rocgate.test")
+        .header("host", "localhost")
         .body(Empty::new())
         .unwrap()
 }

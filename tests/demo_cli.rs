@@ -334,7 +334,7 @@ fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .expect("set a timeout");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: demo\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
     )
     .expect("send");
     let mut response = String::new();

@@ -618,7 +618,7 @@ async fn a_client_whose_head_is_malformed_reads_the_400_after_its_upload() {
 /// as exposed), 0 if the series is absent.
 async fn metric(admin: SocketAddr, series: &str) -> f64 {
     let (mut read, mut write) = connect(admin).await;
-    let request = "GET /metrics HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n";
+    let request = "GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
     write.write_all(request.as_bytes()).await.unwrap();
     let (raw, _) = within("the scrape", read_to_close(&mut read)).await;
     let scrape = parse(&raw).expect("a whole answer to the scrape");

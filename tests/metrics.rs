@@ -670,9 +670,11 @@ fn series(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// `GET path` on `addr` (the proxy or the admin API, which answers no host but its own
+/// names from loopback: `localhost`).
 async fn get(addr: std::net::SocketAddr, path: &str, xff: Option<String>) -> (u16, String) {
     let mut sender = http1::connect(addr).await;
-    let mut req = http::Request::get(path).header("host", "rocgate.test");
+    let mut req = http::Request::get(path).header("host", "localhost");
     if let Some(x) = xff {
         req = req.header("x-forwarded-for", x);
     }

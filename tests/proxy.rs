@@ -234,6 +234,12 @@ fn get(path: &str) -> http::request::Builder {
     Request::get(path).header(header::HOST, HOST)
 }
 
+/// A `GET path` to the admin API, naming this host as a tool on it does: the admin API
+/// answers a request from loopback that names another host (`HOST`) with 403.
+fn admin_get(path: &str) -> http::request::Builder {
+    Request::get(path).header(header::HOST, "localhost")
+}
+
 fn empty(builder: http::request::Builder) -> Request<Full<Bytes>> {
     builder.body(Full::default()).unwrap()
 }
@@ -1303,7 +1309,7 @@ async fn a_client_that_aborts_its_body_is_not_an_upstream_error() {
     };
     let text = within("the abort counted", async {
         loop {
-            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
             let text = String::from_utf8_lossy(&metrics.body).into_owned();
             if counted(&text, "client_aborted").as_deref() == Some("2")
                 || counted(&text, "upstream_error").is_some_and(|n| n != "0")
@@ -1365,7 +1371,7 @@ async fn silent_upstream_gets_504_after_the_response_timeout() {
     assert_eq!(res.status, StatusCode::GATEWAY_TIMEOUT);
     // The wait is in the latency histogram (the p99 alert sees an upstream that only
     // times out), under its own class.
-    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
     let timed_out = text.lines().find_map(|l| {
         let rest = l.strip_prefix("rocgate_upstream_request_duration_seconds_count{")?;
@@ -1393,7 +1399,7 @@ async fn an_upstream_that_dies_mid_body_is_counted() {
     let series = r#"rocgate_upstream_errors_total{route="truncated",kind="body_aborted"} "#;
     within("the truncated body counted", async {
         loop {
-            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
             let text = String::from_utf8_lossy(&metrics.body).into_owned();
             if text.lines().any(|l| l.strip_prefix(series) == Some("1")) {
                 return;
@@ -1479,7 +1485,7 @@ async fn readyz_answers_503_once_shutdown_begins() {
     s.shutdown_grace = Duration::from_secs(10);
     let proxy = start_proxy(s, vec![]).await;
     let admin = proxy.admin;
-    let ready = send(admin, empty(get("/readyz"))).await;
+    let ready = send(admin, empty(admin_get("/readyz"))).await;
     assert_eq!(
         (ready.status, &ready.body[..]),
         (StatusCode::OK, &b"ready"[..])
@@ -1490,7 +1496,7 @@ async fn readyz_answers_503_once_shutdown_begins() {
     let _run = proxy.shut_down();
     let answer = within("/readyz saying so", async {
         loop {
-            let answer = send(admin, empty(get("/readyz"))).await;
+            let answer = send(admin, empty(admin_get("/readyz"))).await;
             if answer.status != StatusCode::OK {
                 return answer;
             }
@@ -1556,7 +1562,7 @@ async fn a_keep_alive_client_gets_one_upstream_connection_of_its_own() {
         // reused by the next client), the rest through the connection's own lane.
         assert_eq!(accepted.load(Ordering::SeqCst), expected, "client {client}");
         if client == 0 {
-            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
             let text = String::from_utf8_lossy(&metrics.body);
             assert!(
                 text.lines().any(|l| l == "rocgate_upstream_lanes 1"),
@@ -2065,7 +2071,7 @@ async fn clients_beyond_max_upstream_lanes_share_the_pool() {
     // The first client holds the one lane; the second's requests all went through the
     // pool, whose connection the first request opened.
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
-    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
     assert_eq!(
         lanes(&String::from_utf8_lossy(&metrics.body)).as_deref(),
         Some("1")
@@ -2074,7 +2080,7 @@ async fn clients_beyond_max_upstream_lanes_share_the_pool() {
     drop(first);
     within("the lane freed", async {
         loop {
-            let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+            let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
             if lanes(&String::from_utf8_lossy(&metrics.body)).as_deref() == Some("0") {
                 break;
             }
@@ -2565,7 +2571,7 @@ async fn an_upload_slower_than_the_response_timeout_is_forwarded_whole() {
     );
     // Nor is the upload upstream latency: the upstream answered at once, which is what
     // the latency histogram (and the alert on its p99) must say.
-    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
     let sum = text.lines().find_map(|l| {
         l.strip_prefix(
@@ -2604,7 +2610,7 @@ async fn a_client_that_stalls_its_body_gets_408_not_504() {
         assert!(answer.contains("HTTP/1.1 408 "), "{answer}");
         assert!(answer.contains(r#"{"error":"client_timeout"}"#), "{answer}");
     }
-    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
     let series =
         |kind: &str| format!(r#"rocgate_upstream_errors_total{{route="stalled",kind="{kind}"}} "#);
@@ -2980,7 +2986,7 @@ async fn a_request_refused_for_its_head_spends_no_token() {
     let proxy = start_proxy(settings, vec![trickle_route("one_token", "/", 1)]).await;
     // Each refused, and the route's one token is still there.
     refused_then_one_good(proxy.addr, &upstream).await;
-    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
     for (kind, count) in [
         ("transfer_coding_not_implemented", 2),
@@ -3081,7 +3087,7 @@ async fn an_upstream_that_stalls_its_body_is_cut_off_after_the_response_timeout(
     })
     .await;
     let series = r#"rocgate_upstream_errors_total{route="stalled_body",kind="body_aborted"} "#;
-    let metrics = send(proxy.admin, empty(get("/metrics"))).await;
+    let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(
         text.lines().any(|l| l.strip_prefix(series) == Some("1")),

@@ -705,7 +705,7 @@ async fn bad_or_missing_headers_and_silence_close_the_connection_and_are_counted
 async fn metric(proxy: &RunningProxy, prefix: &str) -> f64 {
     let mut admin = TcpStream::connect(proxy.admin).await.unwrap();
     admin
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut text = String::new();

@@ -4577,7 +4577,7 @@ async fn get(
 ) -> String {
     use http_body_util::BodyExt;
     let req = http::Request::get(path)
-        .header("host", "admin")
+        .header("host", "localhost")
         .body(http_body_util::Empty::new())
         .unwrap();
     admin.ready().await.unwrap();
@@ -8877,7 +8877,7 @@ async fn a_killed_serve_process_gives_its_share_back_once_its_beats_expire() {
     until_keyed_holds(b_admin, 50.0).await;
     // The admin API over a connection of its own, as any client reads it.
     let req = http::Request::get("/admin/routes/keyed")
-        .header("host", "admin")
+        .header("host", "localhost")
         .body(http_body_util::Empty::<hyper::body::Bytes>::new())
         .unwrap();
     let (status, text) = serve::status_and_text(serve::send(a, req).await.unwrap())
@@ -9017,7 +9017,7 @@ async fn a_reload_rebuilding_a_shared_total_holds_the_share_from_its_first_reque
     let mut admin = http1::connect(a.admin).await;
     admin.ready().await.unwrap();
     let req = http::Request::post("/admin/reload")
-        .header("host", "admin")
+        .header("host", "localhost")
         .body(http_body_util::Empty::<hyper::body::Bytes>::new())
         .unwrap();
     let res = admin.send_request(req).await.unwrap();

@@ -494,10 +494,11 @@ async fn out_of_file_descriptors_the_accept_loop_backs_off() {
     assert!(more.is_empty(), "accept failures logged again: {more:#?}");
 }
 
-/// The status of a `PUT` of `body` to `path` at `addr`, with no `Authorization`.
+/// The status of a `PUT` of `body` to `path` at `addr`, with no `Authorization`, naming
+/// the host as `localhost` (the admin API answers no other name from loopback).
 async fn put_status(addr: SocketAddr, path: &str, body: &'static str) -> Result<u16, String> {
     let req = http::Request::put(path)
-        .header("host", "rocgate.test")
+        .header("host", "localhost")
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from_static(
             body.as_bytes(),
@@ -676,7 +677,8 @@ fn an_empty_or_unreadable_rust_log_logs_at_the_default() {
     }
 }
 
-/// The status and body of a `method` request to `path` at `addr`, with `body`.
+/// The status and body of a `method` request to `path` at `addr`, with `body`, naming
+/// the host as `localhost` (the admin API answers no other name from loopback).
 async fn exchange(
     addr: SocketAddr,
     method: &str,
@@ -686,7 +688,7 @@ async fn exchange(
     let req = http::Request::builder()
         .method(method)
         .uri(path)
-        .header("host", "rocgate.test")
+        .header("host", "localhost")
         .body(http_body_util::Full::new(bytes::Bytes::from_static(
             body.as_bytes(),
         )))

@@ -152,10 +152,11 @@ async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
         .unwrap_or_else(|_| Err(format!("no answer to GET {path} from {addr} in {ANSWER:?}")))
 }
 
-/// [`get`] without its bound.
+/// [`get`] without its bound, naming the host as `localhost` (the admin API answers no
+/// other name from loopback).
 async fn get_unbounded(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
     let req = http::Request::get(path)
-        .header("host", "soak")
+        .header("host", "localhost")
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
     status_and_text(send(addr, req).await?).await

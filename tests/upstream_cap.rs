@@ -128,12 +128,13 @@ async fn capped(upstream: SocketAddr, cap: usize, route: &str) -> RunningProxy {
     .await
 }
 
-/// Sends `GET path` on a connection of its own.
+/// Sends `GET path` on a connection of its own, naming the host as `localhost` (the
+/// admin API answers no other name from loopback).
 async fn get(addr: SocketAddr, path: &str) -> Reply {
     within("response", async {
         let mut sender = http1::connect(addr).await;
         let req = Request::get(path)
-            .header(header::HOST, "shop.example")
+            .header(header::HOST, "localhost")
             .body(Full::<Bytes>::default())
             .unwrap();
         let res = sender.send_request(req).await.unwrap();

@@ -1312,6 +1312,11 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// Bearer token required by mutating admin endpoints, if set (`***` in `{:?}`).
     pub admin_token: Option<Secret>,
+    /// Names of this host, besides `localhost` and IP addresses, that a request to the
+    /// admin API from loopback may carry in `Host` (lower-case, without a trailing
+    /// dot): one naming any other host is refused, as a web page's through a name
+    /// re-bound to 127.0.0.1 (DNS rebinding) would be.
+    pub admin_allowed_hosts: Vec<String>,
 }
 
 impl ServerConfig {
@@ -1351,6 +1356,7 @@ impl Default for ServerConfig {
             lingering_timeout: Duration::from_secs(5),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
+            admin_allowed_hosts: Vec::new(),
         }
     }
 }

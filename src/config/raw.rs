@@ -157,6 +157,7 @@ struct RawServer {
 struct RawAdmin {
     listen: Option<String>,
     token: Option<TokenText>,
+    allowed_hosts: Option<Vec<String>>,
 }
 
 /// `[hints]`: what the tuning hints keep and call saturated.
@@ -3114,7 +3115,73 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         };
         field(p, "admin.token", checked);
     }
+    for (i, text) in admin.allowed_hosts.unwrap_or_default().iter().enumerate() {
+        let path = format!("admin.allowed_hosts[{i}]");
+        field(
+            p,
+            &path,
+            allowed_host(text).map(|h| out.admin_allowed_hosts.push(h)),
+        );
+    }
     out
+}
+
+/// An `[admin] allowed_hosts` entry: a host name alone, as a request's `Host` names it
+/// without its port, lower-cased and without a trailing dot (the admin API compares it
+/// so). A scheme, a path or a port is refused, naming what to leave out; so is an IP
+/// address, which the admin API takes without being listed (the list names this host
+/// as a `Host` header does, not the clients allowed).
+fn allowed_host(text: &str) -> Result<String, String> {
+    let alone = |what: &str| {
+        Err(format!(
+            "must be a host name alone, got {:?}: leave out the {what}",
+            quoted(text)
+        ))
+    };
+    if text.is_empty() {
+        return Err(
+            "must not be empty: a name of this host that a request's Host may \
+                    carry, such as \"rocgate.internal\""
+                .to_owned(),
+        );
+    }
+    if let Some((scheme, _)) = text.split_once("://") {
+        return alone(&format!("scheme ({}://)", quoted(scheme)));
+    }
+    if let Some(at) = text.find('/') {
+        return alone(&format!("path ({})", quoted(&text[at..])));
+    }
+    let name = text.strip_suffix('.').unwrap_or(text);
+    let bracketed = name.starts_with('[') && name.ends_with(']');
+    if bracketed || name.parse::<IpAddr>().is_ok() {
+        return Err(format!(
+            "{:?} is an IP address, which the admin API answers without being listed: \
+             leave it out (the list names this host as a Host header does, not the \
+             clients allowed)",
+            quoted(text)
+        ));
+    }
+    if let Some((_, port)) = text.rsplit_once(':') {
+        if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) {
+            return alone(&format!(
+                "port (:{port}): a name listed is taken on any port"
+            ));
+        }
+    }
+    let label = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.len() > 253 || !name.split('.').all(label) {
+        return Err(format!(
+            "must be a host name (labels of letters, digits, - and _ between dots, each \
+             of 1 to 63 characters), got {:?}",
+            quoted(text)
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
 }
 
 /// `[hints]`, each field checked on its own, defaults where absent.

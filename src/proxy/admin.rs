@@ -17,6 +17,10 @@
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set
 //! (one such header: a request that sends two is refused);
 //! without one, they take changes from loopback only, and none from a web page.
+//! Every endpoint answers a request from loopback only if its `Host` names this host
+//! (an IP address, `localhost`, or a name in `[admin] allowed_hosts`), or it carries
+//! the token: a web page served from a name re-bound to 127.0.0.1 (DNS rebinding)
+//! reads nothing ([`refuse_a_foreign_host`]).
 //!
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
@@ -71,6 +75,12 @@ pub(crate) struct AdminState {
     pub(crate) answering: Arc<tokio::sync::Mutex<()>>,
     /// When a refused change was last logged ([`unauthorized`]).
     pub(crate) refusals: Arc<Mutex<RefusalLog>>,
+    /// Names of this host, besides `localhost` and IP addresses, that a request from
+    /// loopback may carry in `Host` (lower-case, without a trailing dot:
+    /// `[admin] allowed_hosts`).
+    pub(crate) allowed_hosts: Arc<[String]>,
+    /// When a request refused for its `Host` was last logged ([`refuse_a_foreign_host`]).
+    pub(crate) host_refusals: Arc<Mutex<RefusalLog>>,
     /// The Redis store, if `[store] backend = "redis"`.
     #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::store::redis::RedisStore>,
@@ -278,6 +288,10 @@ pub(crate) fn router(state: AdminState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            refuse_a_foreign_host,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state.via),
             refuse_the_proxys_own,
         ))
@@ -304,6 +318,124 @@ async fn refuse_the_proxys_own(
         );
     }
     next.run(request).await
+}
+
+/// Refuses a request from loopback whose `Host` (or target's authority, as HTTP/2 and
+/// an absolute target carry it) names another host than this one, unless it carries
+/// the bearer token: a web page the operator opens, served from a name its owner then
+/// re-binds to 127.0.0.1 (DNS rebinding), reaches the admin API on loopback as its own
+/// origin, with its own name in `Host` and no `Origin` on a `GET`, and would read every
+/// route's state, the hints and the store. This host's names are IP addresses (v4, or
+/// v6 in brackets), `localhost` and `[admin] allowed_hosts`, in any case, a trailing
+/// dot or not, with a port or without ([`names_this_host`]). A request naming no host
+/// (no `Host`, as an HTTP/1.0 client may send, and no authority in its target) is
+/// answered: a browser names one in every request. A request from another address is
+/// not looked at: opened beyond loopback, the admin API's reads are open to whoever
+/// reaches it (a Prometheus on another host reads it by the host's name), a page
+/// re-bound to that address among them.
+///
+/// The token exempts a request: a page does not have it, and a tool that sends it
+/// through a forwarder on the host that passes its own `Host` on (nginx's
+/// `proxy_set_header Host $host`) keeps working. Health endpoints are held to the
+/// rule too: a probe from a kubelet comes from the pod's address, not loopback, and a
+/// local one names the host as curl does.
+///
+/// 403 rather than 421 (Misdirected Request), which says that another connection may
+/// be answered and invites a retry there: this server answers no connection for that
+/// name. A refusal is logged at `WARN`, as a refused change is, at most one line every
+/// [`REFUSALS_LOGGED_EVERY`] ([`RefusalLog`], its own: a page reading in a loop does not
+/// hide the refused changes).
+async fn refuse_a_foreign_host(
+    State(state): State<AdminState>,
+    Extension(Peer(peer)): Extension<Peer>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !peer.to_canonical().is_loopback() {
+        return next.run(request).await;
+    }
+    let authority = request.uri().authority().map(|a| {
+        a.as_str()
+            .rsplit_once('@')
+            .map_or(a.as_str(), |(_, host)| host)
+            .as_bytes()
+    });
+    let hosts = request
+        .headers()
+        .get_all(http::header::HOST)
+        .iter()
+        .map(|v| v.as_bytes());
+    let Some(foreign) = authority
+        .into_iter()
+        .chain(hosts)
+        .find(|host| !names_this_host(host, &state.allowed_hosts))
+    else {
+        return next.run(request).await;
+    };
+    let token = state.token.as_ref();
+    if token.is_some_and(|t| why_refused(Some(t), request.headers(), peer).is_none()) {
+        return next.run(request).await;
+    }
+    let host = String::from_utf8_lossy(foreign);
+    let why = format!(
+        "Host {:?} is not a name of this host: from loopback, the admin API answers a Host \
+         that is an IP address, localhost or a name in [admin] allowed_hosts (list it there \
+         if it is one of this host's names){}",
+        crate::config::quoted(&host),
+        if token.is_some() {
+            ", or a request with the bearer token"
+        } else {
+            ""
+        },
+    );
+    let now = state.reloader.clock().now();
+    let logged = state
+        .host_refusals
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .refused(now);
+    if let Some(refused) = logged {
+        tracing::warn!(
+            %peer,
+            path = request.uri().path(),
+            status = StatusCode::FORBIDDEN.as_u16(),
+            refused,
+            "admin request refused: {why} (refused counts the requests refused for their Host since the last such line, at most one every {}s)",
+            REFUSALS_LOGGED_EVERY.as_secs()
+        );
+    }
+    error(StatusCode::FORBIDDEN, vec![why])
+}
+
+/// Whether `host`, a `Host` value or a target's authority, names this host: an IP
+/// address (v4, or v6 in brackets), `localhost` or a name of `allowed` (lower-case,
+/// without a trailing dot), in any case and with a trailing dot or not, followed by a
+/// port or not. Anything else (not UTF-8, v6 without brackets, a port that is no
+/// number) names another.
+fn names_this_host(host: &[u8], allowed: &[String]) -> bool {
+    let Ok(host) = std::str::from_utf8(host) else {
+        return false;
+    };
+    let is_port = |rest: &str| {
+        rest.is_empty()
+            || rest
+                .strip_prefix(':')
+                .is_some_and(|port| port.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if let Some(bracketed) = host.strip_prefix('[') {
+        return bracketed
+            .split_once(']')
+            .is_some_and(|(ip, rest)| ip.parse::<std::net::Ipv6Addr>().is_ok() && is_port(rest));
+    }
+    let (name, rest) = host.find(':').map_or((host, ""), |at| host.split_at(at));
+    if !is_port(rest) {
+        return false;
+    }
+    if name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return true;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost") || allowed.iter().any(|a| name.eq_ignore_ascii_case(a))
 }
 
 /// The refusal of a path the admin API does not serve.
@@ -1168,6 +1300,8 @@ mod tests {
             token: None,
             answering: Arc::default(),
             refusals: Arc::default(),
+            allowed_hosts: Arc::new([]),
+            host_refusals: Arc::default(),
             metrics: Arc::new(Exporter {
                 handle: metrics_exporter_prometheus::PrometheusBuilder::new()
                     .build_recorder()
@@ -1476,7 +1610,7 @@ mod tests {
         // Answered, so accepted after the silent one.
         let mut asked = tokio::net::TcpStream::connect(addr).await.unwrap();
         asked
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             .await
             .unwrap();
         let mut answer = Vec::new();
@@ -1539,6 +1673,139 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(response.status(), StatusCode::OK, "PUT from {peer}");
+        }
+    }
+
+    /// A `Host` names this host if it is an IP address (v4, or v6 in brackets),
+    /// `localhost` or a name listed, in any case, a trailing dot or not, with a port or
+    /// without; anything else names another, a name that merely begins or ends like
+    /// one of these among them.
+    #[test]
+    fn a_host_names_this_host_by_an_address_localhost_or_a_name_listed() {
+        let allowed = ["rocgate.internal".to_owned()];
+        for host in [
+            "127.0.0.1",
+            "127.0.0.1:9090",
+            "10.1.2.3:9090",
+            "[::1]",
+            "[::1]:9090",
+            "[2001:db8::7]:80",
+            "localhost",
+            "LocalHost:9090",
+            "localhost.",
+            "localhost.:9090",
+            "rocgate.internal",
+            "ROCGATE.internal.:9090",
+            "localhost:",
+        ] {
+            assert!(names_this_host(host.as_bytes(), &allowed), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:9090",
+            "localhost.evil.example",
+            "evil-localhost",
+            "127.0.0.1.nip.io",
+            "127.1",
+            "::1",
+            "[::1",
+            "[127.0.0.1]",
+            "[::1]x",
+            "localhost:90a",
+            "localhost:9090:1",
+            "localhost..",
+            "rocgate.internal.evil.example",
+            "",
+            ":9090",
+        ] {
+            assert!(!names_this_host(host.as_bytes(), &allowed), "{host}");
+        }
+        assert!(!names_this_host(b"localhost\xff", &allowed));
+    }
+
+    /// What the router answers `GET path` with `headers` from `peer`, served as that
+    /// connection is.
+    async fn get_from(
+        router: &Router,
+        peer: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> StatusCode {
+        let mut request = http::Request::get(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Body::empty()).unwrap();
+        for_connection(router, peer.parse().unwrap())
+            .oneshot(request)
+            .await
+            .unwrap()
+            .status()
+    }
+
+    /// From loopback, every endpoint refuses a request whose `Host` names another
+    /// host, as a page's through a name re-bound to 127.0.0.1 carries (its target's
+    /// authority too, as HTTP/2 and an absolute target carry the host); from another
+    /// address the same request is answered (the admin API opened beyond loopback is
+    /// read by its host's name), and so is one from loopback that names no host.
+    #[tokio::test]
+    async fn only_a_request_from_loopback_is_held_to_its_host() {
+        let router = router(state().await);
+        let evil = [("host", "evil.example:9090")];
+        for path in ["/admin/routes", "/metrics", "/healthz", "/admin/nope"] {
+            for peer in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+                assert_eq!(
+                    get_from(&router, peer, path, &evil).await,
+                    StatusCode::FORBIDDEN,
+                    "{path} from {peer}"
+                );
+            }
+            assert_ne!(
+                get_from(&router, "10.0.0.7", path, &evil).await,
+                StatusCode::FORBIDDEN,
+                "{path}"
+            );
+        }
+        assert_eq!(
+            get_from(&router, "127.0.0.1", "/healthz", &[]).await,
+            StatusCode::OK
+        );
+        let here = [("host", "127.0.0.1:9090")];
+        let absolute = "http://evil.example:9090/healthz";
+        assert_eq!(
+            get_from(&router, "127.0.0.1", absolute, &here).await,
+            StatusCode::FORBIDDEN
+        );
+        let twice = http::Request::get("/healthz")
+            .header("host", "127.0.0.1")
+            .header("host", "evil.example")
+            .body(Body::empty())
+            .unwrap();
+        let answer = for_connection(&router, [127, 0, 0, 1].into())
+            .oneshot(twice)
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::FORBIDDEN);
+    }
+
+    /// With a token set, a request from loopback that carries it is answered whatever
+    /// its `Host` (a page does not have it); one with another token, or none, is not.
+    #[tokio::test]
+    async fn the_token_exempts_a_request_from_its_host() {
+        let mut state = state().await;
+        state.token = Some(crate::config::Secret::from("t0k"));
+        let router = router(state);
+        let with = |token: &'static str| [("host", "evil.example"), ("authorization", token)];
+        assert_eq!(
+            get_from(&router, "127.0.0.1", "/admin/routes", &with("Bearer t0k")).await,
+            StatusCode::OK
+        );
+        for token in ["Bearer wrong", "t0k"] {
+            assert_eq!(
+                get_from(&router, "127.0.0.1", "/admin/routes", &with(token)).await,
+                StatusCode::FORBIDDEN,
+                "{token}"
+            );
         }
     }
 

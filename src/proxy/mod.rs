@@ -96,6 +96,10 @@ pub struct ProxySettings {
     /// Bearer token required by the admin API's mutating endpoints, if set (`***` in
     /// `{:?}`).
     pub admin_token: Option<crate::config::Secret>,
+    /// Names of this host, besides `localhost` and IP addresses, that a request to the
+    /// admin API from loopback may carry in `Host` (lower-case, without a trailing
+    /// dot); see [`ServerConfig::admin_allowed_hosts`].
+    pub admin_allowed_hosts: Vec<String>,
     /// The longest a lingering close reads what the client still sends, in all
     /// (nginx's `lingering_time`): an HTTP/1.1 connection closed after an answer that
     /// left its request's body unread (a 429, a 413) reads and throws away the rest,
@@ -137,6 +141,7 @@ impl ProxySettings {
             max_connections_per_client: server.max_connections_per_client,
             idle_timeout: server.idle_timeout,
             admin_token: server.admin_token.clone(),
+            admin_allowed_hosts: server.admin_allowed_hosts.clone(),
             lingering_time: server.lingering_time,
             lingering_timeout: server.lingering_timeout,
             lingering_bytes: LINGERING_BYTES,
@@ -643,13 +648,15 @@ fn needing_restart(started: &Config, next: &Config, held: &HeldByFlags) -> Vec<&
     let server = |s: &ServerConfig| ServerConfig {
         admin_listen: a.admin_listen,
         admin_token: None,
+        admin_allowed_hosts: Vec::new(),
         ..s.clone()
     };
     [
         ("[server]", server(a) != server(b)),
         (
             "[admin]",
-            (a.admin_listen, &a.admin_token) != (b.admin_listen, &b.admin_token),
+            (a.admin_listen, &a.admin_token, &a.admin_allowed_hosts)
+                != (b.admin_listen, &b.admin_token, &b.admin_allowed_hosts),
         ),
         ("[hints]", started.hints != next.hints),
         ("[store]", started.store != next.store),
@@ -940,7 +947,9 @@ impl Proxy {
             #[cfg(feature = "redis")]
             store: self.store.clone(),
             token: self.settings.admin_token.clone(),
+            allowed_hosts: self.settings.admin_allowed_hosts.clone().into(),
             via,
+            host_refusals: Arc::default(),
             answering: Arc::default(),
             refusals: Arc::default(),
             metrics: Arc::new(admin::Exporter {
