@@ -4319,4 +4319,15 @@ fn admin_allowed_hosts_takes_host_names_alone() {
         "admin.allowed_hosts",
         "expected a sequence",
     );
+    // A list of values, set in the file only, as README says.
+    let env = [(
+        "ROCGATE__ADMIN__ALLOWED_HOSTS".to_owned(),
+        "rocgate.internal".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.toml: admin.allowed_hosts: invalid type: string \"rocgate.internal\", expected a \
+         sequence (set by environment variable ROCGATE__ADMIN__ALLOWED_HOSTS)"
+    );
 }
