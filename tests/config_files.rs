@@ -1757,12 +1757,13 @@ fn a_number_or_boolean_written_as_a_string_in_the_file_is_refused() {
 
 /// The file is told to write a number without its quotes only where that is a number:
 /// `base_limit = ".5"`, `"+5"` or `"Infinity"` without the quotes is no TOML; each is
-/// refused as a string all the same.
+/// refused as a string all the same. `"1e-400"` without the quotes is TOML, but a
+/// number nearer 0 than any held, which the file refuses: it was advised.
 #[test]
 fn a_number_as_a_string_in_the_file_is_told_to_drop_the_quotes_only_where_that_reads() {
     let text = format!(
         "{ORDER}base_limit = \".5\"\ncut_limit = \"+5\"\ndanger_roc = \"Infinity\"\n\
-         min_rps = \"1.5e1\"\n"
+         min_rps = \"1.5e1\"\nrestore_step = \"1e-400\"\n"
     );
     assert_eq!(
         problems(&text),
@@ -1771,6 +1772,7 @@ fn a_number_as_a_string_in_the_file_is_told_to_drop_the_quotes_only_where_that_r
             "routes[0].cut_limit: must be a number, got the string \"+5\"",
             "routes[0].danger_roc: must be a number, got the string \"Infinity\"",
             "routes[0].min_rps: must be a number, got the string \"1.5e1\" (write it without quotes: 1.5e1)",
+            "routes[0].restore_step: must be a number, got the string \"1e-400\"",
         ]
     );
 }

@@ -571,12 +571,16 @@ pub(super) fn text_refusal(v: &str, bare: Option<&str>, expected: &dyn fmt::Disp
 
 /// `text` without the whitespace around it, where it is a number as JSON and TOML both
 /// write one (`-2.5e1`: not `.5`, `+5`, `007`, `Infinity`, `NaN`, nor `1e400`, past what
-/// a number holds) and, if `whole`, a whole number ≥ 0: how a number written as a
-/// string is written without its quotes. Only such text is advised, so that the advice
-/// is never text that does not read, or that the field refuses as no whole number.
+/// a number holds, nor `1e-400`, nearer 0 than any, [`written_not_0`]) and, if `whole`,
+/// a whole number ≥ 0: how a number written as a string is written without its quotes.
+/// Only such text is advised, so that the advice is never text that does not read, or
+/// that the field refuses as no whole number.
 pub(super) fn bare_number(text: &str, whole: bool) -> Option<&str> {
     let bare = text.trim_ascii();
-    serde_json::from_str::<serde_json::Number>(bare).ok()?;
+    let read = serde_json::from_str::<serde_json::Number>(bare).ok()?;
+    if read.as_f64().is_some_and(|x| written_not_0(bare, x)) {
+        return None;
+    }
     (!whole || bare.parse::<u64>().is_ok()).then_some(bare)
 }
 

@@ -120,7 +120,8 @@ fn a_number_nearer_0_than_any_held_is_a_change_that_does_not_read() {
 /// A number written as a string is told how to write it only where its text, without
 /// the quotes, is a JSON number the field takes: `Infinity`, `NaN`, `.5`, `+5`, `007`
 /// and `1e400` are no JSON number, and `7.0` no whole one, so the advice was a change
-/// that is no JSON or refused again.
+/// that is no JSON or refused again. `1e-400` is a JSON number, but one nearer 0 than
+/// any held, which a change does not read (400): it was advised.
 #[test]
 fn a_number_as_a_string_is_told_to_drop_the_quotes_only_where_that_reads() {
     let said = |json: &str| {
@@ -135,7 +136,7 @@ fn a_number_as_a_string_is_told_to_drop_the_quotes_only_where_that_reads() {
             .to_owned()
     };
     for text in [
-        "Infinity", "NaN", "inf", ".5", "5.", "+5", "007", "1e400", "0x10",
+        "Infinity", "NaN", "inf", ".5", "5.", "+5", "007", "1e400", "0x10", "1e-400", "-1E-999",
     ] {
         assert_eq!(
             said(&format!(r#"{{"base_limit": "{text}"}}"#)),
