@@ -646,7 +646,7 @@ impl<'de> Deserialize<'de> for DurationText {
                 Self::refuse(format_args!("the number {v}"))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<DurationText, E> {
-                Self::refuse(format_args!("the number {v}"))
+                Self::refuse(format_args!("the number {}", figure(v)))
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<DurationText, A::Error> {
                 Self::refuse(format_args!("an array"))

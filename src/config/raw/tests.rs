@@ -370,7 +370,9 @@ fn a_change_setting_a_field_to_null_is_refused_at_that_field() {
 /// file's parameters at line 1 column 20", which read as a place in the config file.
 /// A problem of the text's syntax keeps its position: it has no field to name.
 /// A duration given no string (`5`, `true`, an array) says it takes a duration string:
-/// `5` was taken as the text "5" and refused by the rules (422) as without a unit.
+/// `5` was taken as the text "5" and refused by the rules (422) as without a unit. A
+/// number far from 1 is shown as the problems show a figure (`1e300`, `-1e-300`), not
+/// in its hundreds of digits (`1000…`, `-0.000…1`).
 #[test]
 fn a_changes_field_problem_is_placed_by_its_field_alone() {
     for (json, field, message) in [
@@ -398,6 +400,16 @@ fn a_changes_field_problem_is_placed_by_its_field_alone() {
             r#"{"max_cut": 2.5}"#,
             "max_cut",
             "must be a duration string such as \"5s\" or \"100ms\", got the number 2.5",
+        ),
+        (
+            r#"{"hold": 1e300}"#,
+            "hold",
+            "must be a duration string such as \"5s\" or \"100ms\", got the number 1e300",
+        ),
+        (
+            r#"{"max_cut": -1e-300}"#,
+            "max_cut",
+            "must be a duration string such as \"5s\" or \"100ms\", got the number -1e-300",
         ),
         (
             r#"{"min_dwell": ["5s"]}"#,
