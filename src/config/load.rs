@@ -1282,6 +1282,30 @@ mod tests {
         assert!(catch_all.controller.base_limit_rps > order.controller.base_limit_rps);
     }
 
+    /// A vertical tab (U+000B), whitespace that `trim_ascii` keeps, is refused in a
+    /// duration as in every other value read from text: a number, an address and a
+    /// time refused it, where a duration took it (`"5s\u{b}"` read as 5s, humantime
+    /// reading it as a space).
+    #[test]
+    fn a_vertical_tab_is_refused_in_a_duration_as_in_any_value() {
+        for (var, value, field) in [
+            ("ROUTES__0__HOLD", "5s\u{b}", "routes[0].hold"),
+            ("ROUTES__0__MAX_CUT", "1m\u{b}30s", "routes[0].max_cut"),
+            ("ROUTES__0__BASE_LIMIT", "300\u{b}", "routes[0].base_limit"),
+            ("SERVER__LISTEN", "127.0.0.1:8080\u{b}", "server.listen"),
+        ] {
+            let e = error(ROUTE, &[(&format!("ROCGATE__{var}"), value)]);
+            assert!(e.starts_with(&format!("t.toml: {field}: ")), "{e}");
+            assert!(e.contains("\\u{b}"), "{e}");
+        }
+        let file = format!("{ROUTE}hold = \"5s\\u000B\"\n");
+        assert_eq!(
+            error(&file, &[]),
+            "t.toml: routes[0].hold: invalid duration \"5s\\u{b}\": holds U+000B, \
+             whitespace that is no space or tab"
+        );
+    }
+
     /// Whitespace other than ASCII's (a no-break space, U+2003, U+3000) around a value
     /// read from text (a duration, a number or `true` from the environment, an
     /// address, an upstream, a time) is no whitespace a value is read without: the

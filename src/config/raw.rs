@@ -1039,9 +1039,12 @@ fn any_duration(text: String) -> Result<Duration, String> {
     if text.trim_ascii_start().starts_with('-') {
         return Err(format!("must not be negative, got {:?}", quoted(&text)));
     }
-    // humantime reads any whitespace as a space: "5s\u{a0}" was 5s, read without the
-    // character nobody sees, where every other value refuses it.
-    if let Some(c) = text.chars().find(|c| c.is_whitespace() && !c.is_ascii()) {
+    // humantime reads any whitespace as a space: "5s\u{a0}" (or a vertical tab) was 5s,
+    // read without the character nobody sees, where every other value refuses it.
+    if let Some(c) = text
+        .chars()
+        .find(|c| c.is_whitespace() && !c.is_ascii_whitespace())
+    {
         return Err(format!(
             "invalid duration {:?}: holds U+{:04X}, whitespace that is no space or tab",
             quoted(&text),
