@@ -1308,12 +1308,15 @@ mod tests {
 
     /// Whitespace other than ASCII's (a no-break space, U+2003, U+3000) around a value
     /// read from text (a duration, a number or `true` from the environment, an
-    /// address, an upstream, a time) is no whitespace a value is read without: the
+    /// address, a network, an upstream, a store's URL, a time, a word of `[server]` or
+    /// `[store]`) is no whitespace a value is read without: the
     /// value is refused naming its field, the character shown escaped. It was dropped
     /// silently (`"5s\u{a0}"` read as 5s), as spaces and tabs still are.
     #[test]
     fn a_value_with_unicode_whitespace_around_it_is_refused() {
         let event = "[[routes.events]]\nname = \"e\"\nduration = \"1h\"\n";
+        let tier = "[[routes.tiers]]\nname = \"t\"\nbase_limit = 5\ncut_limit = 2\n";
+        let redis = "[store]\nbackend = \"redis\"\n";
         for (file, field, shown) in [
             (
                 format!("{ROUTE}hold = \"5s\u{a0}\"\n"),
@@ -1334,6 +1337,46 @@ mod tests {
                 format!("{ROUTE}[server]\nupstream = \"http://127.0.0.1:9000\u{a0}\"\n"),
                 "server.upstream",
                 "9000\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}[server]\ntrusted_proxies = [\"10.0.0.0/8\u{a0}\"]\n"),
+                "server.trusted_proxies[0]",
+                "8\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}[server]\nproxy_protocol = \"off\u{2003}\"\n"),
+                "server.proxy_protocol",
+                "off\\u{2003}",
+            ),
+            (
+                format!("{ROUTE}[server]\nclient_ip_header = \"forwarded\u{3000}\"\n"),
+                "server.client_ip_header",
+                "forwarded\\u{3000}",
+            ),
+            (
+                format!("{ROUTE}partition = \"ip\"\n{tier}values = [\"10.0.0.1\u{a0}\"]\n"),
+                "routes[0].tiers[0].values[0]",
+                "1\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}[store]\nbackend = \"local\u{a0}\"\n"),
+                "store.backend",
+                "local\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}{redis}url = \"redis://127.0.0.1:6379\u{a0}\"\n"),
+                "store.url",
+                "6379\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}{redis}url = \"redis://127.0.0.1\"\nfail_mode = \"open\u{a0}\"\n"),
+                "store.fail_mode",
+                "open\\u{a0}",
+            ),
+            (
+                format!("{ROUTE}{redis}url = \"redis://127.0.0.1\"\nmode = \"exact\u{a0}\"\n"),
+                "store.mode",
+                "exact\\u{a0}",
             ),
         ] {
             let e = error(&file, &[]);
