@@ -469,17 +469,16 @@ impl Engine {
     /// recently seen up to a smaller `max_keys` (and every key of a tier). So does a
     /// `shadow_adaptive` route's shadow key table, which follows the cut (a route the
     /// reload moves into `shadow_adaptive` builds it from its keys, which followed the
-    /// cut). A route
-    /// limited as a whole carries its limiter's state the same way, and a partitioned
-    /// route its `route_limit` total's, each by the limit it holds (the cut's, or the
-    /// base's: a twin's, a `shadow_adaptive` route's; the cut's where the old route
-    /// held none at the base), where the new route has one of the same algorithm: a
-    /// token bucket's tokens (any burst, converted to the new rate and capacity), a
-    /// window counter's counts (a window of the same length), a leaky bucket's
-    /// schedule (any queue). A limiter of another algorithm, or a window counter of
-    /// another window, starts afresh at the carried limit. The old route decides on its own state until the new
-    /// engine is put in force: a request it decides after its state was copied is not
-    /// counted in the new route. A
+    /// cut). A route limited as a whole carries its limiter's state the same way, and
+    /// a partitioned route its `route_limit` total's, each by the limit it holds (the
+    /// cut's, or the base's: a twin's, a `shadow_adaptive` route's; the cut's where
+    /// the old route held none at the base), where the new route has one of the same
+    /// algorithm: a token bucket's tokens (any burst, converted to the new rate and
+    /// capacity), a window counter's counts (a window of the same length), a leaky
+    /// bucket's schedule (any queue). A limiter of another algorithm, or a window
+    /// counter of another window, starts afresh at the carried limit. The old route
+    /// decides on its own state until the new engine is put in force: a request it
+    /// decides after its state was copied is not counted in the new route. A
     /// partitioned route rebuilt under the same name carries the keys it refused
     /// since the hints history last took them ([`Engine::take_refused_keys`]; a kept
     /// route holds them still), counted by the same hash.
