@@ -954,8 +954,8 @@ fn foreign_host(host: &str) -> String {
 
 /// A web page served from a name its owner then re-binds to 127.0.0.1 (DNS rebinding)
 /// reaches the loopback admin API as its own origin: its reads carry its name in
-/// `Host` and no `Origin`. Every endpoint refuses them (403, naming the host and the
-/// setting), a change among them, which is not made; and answers a `Host` that names
+/// `Host` and no `Origin`. Every endpoint but the health checks (see below) refuses
+/// them (403, naming the host and the setting), a change among them, which is not made; and answers a `Host` that names
 /// this host: an IP address (v6 in brackets), `localhost` or a name in
 /// `[admin] allowed_hosts`, in any case, with a port or without, and a request that
 /// names none (HTTP/1.0, or a tool's HTTP/1.1 without `Host`: a browser sends one with
@@ -971,8 +971,6 @@ async fn a_page_through_a_rebound_name_reads_nothing_from_loopback() {
         "/admin/hints",
         "/admin/store",
         "/metrics",
-        "/healthz",
-        "/readyz",
     ];
     for path in paths {
         let (status, answer) =
@@ -1024,6 +1022,39 @@ async fn a_page_through_a_rebound_name_reads_nothing_from_loopback() {
             raw.starts_with("HTTP/1.1 200") || raw.starts_with("HTTP/1.0 200"),
             "{raw}"
         );
+    }
+    p.stop().await;
+}
+
+/// A health check from loopback is answered whatever its `Host`: Envoy's names the
+/// cluster checked (`rocgate_admin`) unless told another, and a check by HAProxy or
+/// nginx on the host may send the site's name. Refused, a front proxy or sidecar on
+/// the host took rocgate for down and sent its clients nowhere; `/healthz` and
+/// `/readyz` tell a page re-bound to 127.0.0.1 only that rocgate is up and ready.
+/// Every other endpoint still refuses that `Host` (see above).
+#[tokio::test]
+async fn a_health_check_from_loopback_is_answered_whatever_its_host() {
+    let p = start(None).await;
+    for host in ["rocgate_admin", "shop.example:443", "evil.example"] {
+        for (path, answer) in [("/healthz", "ok"), ("/readyz", "ready")] {
+            for method in ["GET", "HEAD"] {
+                let (status, body) =
+                    call_with(p.admin, method, path, Vec::new(), &[("host", host)]).await;
+                assert_eq!(status, 200, "{method} {path} with Host {host}: {body}");
+                if method == "GET" {
+                    assert_eq!(body, answer, "{path} with Host {host}");
+                }
+            }
+        }
+        let (status, _) = call_with(
+            p.admin,
+            "GET",
+            "/admin/routes",
+            Vec::new(),
+            &[("host", host)],
+        )
+        .await;
+        assert_eq!(status, 403, "{host}");
     }
     p.stop().await;
 }

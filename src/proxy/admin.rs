@@ -17,10 +17,11 @@
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set
 //! (one such header: a request that sends two is refused);
 //! without one, they take changes from loopback only, and none from a web page.
-//! Every endpoint answers a request from loopback only if its `Host` names this host
-//! (an IP address, `localhost`, or a name in `[admin] allowed_hosts`), or it carries
-//! the token: a web page served from a name re-bound to 127.0.0.1 (DNS rebinding)
-//! reads nothing ([`refuse_a_foreign_host`]).
+//! Every endpoint but `/healthz` and `/readyz` answers a request from loopback only if
+//! its `Host` names this host (an IP address, `localhost`, or a name in
+//! `[admin] allowed_hosts`), or it carries the token: a web page served from a name
+//! re-bound to 127.0.0.1 (DNS rebinding) reads nothing but that rocgate is up
+//! ([`refuse_a_foreign_host`]).
 //!
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
@@ -336,9 +337,11 @@ async fn refuse_the_proxys_own(
 ///
 /// The token exempts a request: a page does not have it, and a tool that sends it
 /// through a forwarder on the host that passes its own `Host` on (nginx's
-/// `proxy_set_header Host $host`) keeps working. Health endpoints are held to the
-/// rule too: a probe from a kubelet comes from the pod's address, not loopback, and a
-/// local one names the host as curl does.
+/// `proxy_set_header Host $host`) keeps working. So do the health endpoints
+/// ([`HEALTH_CHECKS`]), whatever their `Host`: a health check on the host names what it
+/// was told, Envoy's the cluster it checks (`rocgate_admin`) unless set otherwise, and
+/// refused, it would take rocgate for down and send its clients nowhere, where
+/// `/healthz` and `/readyz` tell a page only that rocgate is up and ready.
 ///
 /// 403 rather than 421 (Misdirected Request), which says that another connection may
 /// be answered and invites a retry there: this server answers no connection for that
@@ -351,7 +354,7 @@ async fn refuse_a_foreign_host(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !peer.to_canonical().is_loopback() {
+    if !peer.to_canonical().is_loopback() || HEALTH_CHECKS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
     let authority = request.uri().authority().map(|a| {
@@ -406,6 +409,10 @@ async fn refuse_a_foreign_host(
     }
     error(StatusCode::FORBIDDEN, vec![why])
 }
+
+/// The endpoints a request from loopback reaches whatever its `Host`
+/// ([`refuse_a_foreign_host`]): health checks, which tell nothing of the routes.
+const HEALTH_CHECKS: [&str; 2] = ["/healthz", "/readyz"];
 
 /// Whether `host`, a `Host` value or a target's authority, names this host: an IP
 /// address (v4, or v6 in brackets), `localhost` or a name of `allowed` (lower-case,
@@ -1743,16 +1750,17 @@ mod tests {
             .status()
     }
 
-    /// From loopback, every endpoint refuses a request whose `Host` names another
-    /// host, as a page's through a name re-bound to 127.0.0.1 carries (its target's
-    /// authority too, as HTTP/2 and an absolute target carry the host); from another
-    /// address the same request is answered (the admin API opened beyond loopback is
-    /// read by its host's name), and so is one from loopback that names no host.
+    /// From loopback, every endpoint but the health checks refuses a request whose
+    /// `Host` names another host, as a page's through a name re-bound to 127.0.0.1
+    /// carries (its target's authority too, as HTTP/2 and an absolute target carry the
+    /// host); from another address the same request is answered (the admin API opened
+    /// beyond loopback is read by its host's name), and so is one from loopback that
+    /// names no host, or that asks `/healthz` or `/readyz`.
     #[tokio::test]
     async fn only_a_request_from_loopback_is_held_to_its_host() {
         let router = router(state().await);
         let evil = [("host", "evil.example:9090")];
-        for path in ["/admin/routes", "/metrics", "/healthz", "/admin/nope"] {
+        for path in ["/admin/routes", "/metrics", "/admin/nope", "/healthz/"] {
             for peer in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
                 assert_eq!(
                     get_from(&router, peer, path, &evil).await,
@@ -1766,17 +1774,24 @@ mod tests {
                 "{path}"
             );
         }
+        for path in HEALTH_CHECKS {
+            assert_ne!(
+                get_from(&router, "127.0.0.1", path, &evil).await,
+                StatusCode::FORBIDDEN,
+                "{path}"
+            );
+        }
         assert_eq!(
-            get_from(&router, "127.0.0.1", "/healthz", &[]).await,
+            get_from(&router, "127.0.0.1", "/metrics", &[]).await,
             StatusCode::OK
         );
         let here = [("host", "127.0.0.1:9090")];
-        let absolute = "http://evil.example:9090/healthz";
+        let absolute = "http://evil.example:9090/metrics";
         assert_eq!(
             get_from(&router, "127.0.0.1", absolute, &here).await,
             StatusCode::FORBIDDEN
         );
-        let twice = http::Request::get("/healthz")
+        let twice = http::Request::get("/metrics")
             .header("host", "127.0.0.1")
             .header("host", "evil.example")
             .body(Body::empty())
