@@ -1026,6 +1026,59 @@ async fn a_page_through_a_rebound_name_reads_nothing_from_loopback() {
     p.stop().await;
 }
 
+/// Over HTTP/2 (h2c, as a tool may speak it: a browser speaks HTTP/2 over TLS only),
+/// the host is the request's `:authority`: one naming another host is refused as its
+/// `Host` would be, and so is a `host` header naming another beside an `:authority`
+/// naming this one; an `:authority` naming this host is answered.
+#[tokio::test]
+async fn over_http2_the_authority_is_held_to_the_names_of_this_host() {
+    use hyper_util::rt::TokioIo;
+    let p = start(None).await;
+    let port = p.admin.port();
+    let stream = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let evil = format!("evil.example:{port}");
+    let here = format!("127.0.0.1:{port}");
+    for (authority, host, status) in [
+        (&evil, None, 403),
+        (&here, Some(evil.as_str()), 403),
+        (&here, None, 200),
+        (&format!("localhost:{port}"), None, 200),
+    ] {
+        let mut request = http::Request::get(format!("http://{authority}/admin/routes"))
+            .version(http::Version::HTTP_2);
+        if let Some(host) = host {
+            request = request.header("host", host);
+        }
+        let request = request.body(Full::<bytes::Bytes>::default()).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{authority} {host:?}");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        if status == 403 {
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                body["errors"][0],
+                foreign_host(&evil),
+                "{authority} {host:?}"
+            );
+        }
+    }
+    drop(sender);
+    tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    p.stop().await;
+}
+
 /// A health check from loopback is answered whatever its `Host`: Envoy's names the
 /// cluster checked (`rocgate_admin`) unless told another, and a check by HAProxy or
 /// nginx on the host may send the site's name. Refused, a front proxy or sidecar on
