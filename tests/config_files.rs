@@ -4308,6 +4308,12 @@ fn admin_allowed_hosts_takes_host_names_alone() {
             "must be a host name (labels of letters",
         ),
         ("*.internal", "must be a host name (labels of letters"),
+        (
+            "bücher.example",
+            "must be a host name in ASCII, got \"bücher.example\": write an internationalized \
+             name in its xn-- form (xn--bcher-kva.example for bücher.example), as a browser \
+             sends it in Host",
+        ),
     ] {
         let text = format!(
             "{ORDER}[admin]\nallowed_hosts = [\"rocgate.internal\", {:?}]\n",

@@ -3135,9 +3135,10 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
 
 /// An `[admin] allowed_hosts` entry: a host name alone, as a request's `Host` names it
 /// without its port, lower-cased and without a trailing dot (the admin API compares it
-/// so). A scheme, a path or a port is refused, naming what to leave out; so is an IP
-/// address, which the admin API takes without being listed (the list names this host
-/// as a `Host` header does, not the clients allowed).
+/// so). A scheme, a path or a port is refused, naming what to leave out; so is a name
+/// beyond ASCII, which a browser sends in its `xn--` form, and an IP address, which
+/// the admin API takes without being listed (the list names this host as a `Host`
+/// header does, not the clients allowed).
 fn allowed_host(text: &str) -> Result<String, String> {
     let alone = |what: &str| {
         Err(format!(
@@ -3174,6 +3175,13 @@ fn allowed_host(text: &str) -> Result<String, String> {
                 "port (:{port}): a name listed is taken on any port"
             ));
         }
+    }
+    if !name.is_ascii() {
+        return Err(format!(
+            "must be a host name in ASCII, got {:?}: write an internationalized name in its \
+             xn-- form (xn--bcher-kva.example for bücher.example), as a browser sends it in Host",
+            quoted(text)
+        ));
     }
     let label = |label: &str| {
         (1..=63).contains(&label.len())
