@@ -1537,18 +1537,117 @@ fn env_override_sets_proxy_protocol() {
             && e.to_string().contains("ROCGATE__SERVER__PROXY_PROTOCOL"),
         "{e}"
     );
-    // A list, as trusted_proxies: set in the file, not from the environment.
-    let env = [(
-        "ROCGATE__SERVER__PROXY_PROTOCOL_FROM".to_owned(),
-        "10.0.0.0/8".to_owned(),
-    )];
-    let e = Config::from_toml_str_with_env(&text, "rocgate.toml", env).unwrap_err();
+    // A list, as trusted_proxies: comma-separated from the environment.
+    let env = [
+        (
+            "ROCGATE__SERVER__PROXY_PROTOCOL".to_owned(),
+            "v2".to_owned(),
+        ),
+        (
+            "ROCGATE__SERVER__PROXY_PROTOCOL_FROM".to_owned(),
+            "10.1.0.0/16,10.2.0.0/16".to_owned(),
+        ),
+    ];
+    let c = Config::from_toml_str_with_env(ORDER, "rocgate.toml", env)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.server.proxy_protocol_from,
+        Some(vec![
+            "10.1.0.0/16".parse().unwrap(),
+            "10.2.0.0/16".parse().unwrap()
+        ])
+    );
+}
+
+/// The list fields of `[server]`, `[admin]` and `[store]` take one string of
+/// comma-separated items from the environment (a container's settings come from it),
+/// each read without the spaces around it; an empty item is refused naming the
+/// variable and its position, and a value that is neither a list nor a string names
+/// the field and what it takes. They were refused from the environment as `invalid
+/// type: string, expected a sequence`, and `cluster_nodes = 5` as `data did not match
+/// any variant of untagged enum NodeList`.
+#[test]
+fn list_fields_take_a_comma_separated_string_from_the_environment() {
+    let with_env = |text: &str, var: &str, value: &str| {
+        Config::from_toml_str_with_env(text, "t.toml", [(var.to_owned(), value.to_owned())])
+    };
+    let c = with_env(
+        ORDER,
+        "ROCGATE__SERVER__TRUSTED_PROXIES",
+        "10.0.0.0/8, 192.168.0.0/16",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.server.trusted_proxies,
+        vec![
+            "10.0.0.0/8".parse::<ipnet::IpNet>().unwrap(),
+            "192.168.0.0/16".parse().unwrap()
+        ]
+    );
+    let c = with_env(
+        ORDER,
+        "ROCGATE__ADMIN__ALLOWED_HOSTS",
+        " rocgate.internal ,ops.internal",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.server.admin_allowed_hosts,
+        vec!["rocgate.internal".to_owned(), "ops.internal".to_owned()]
+    );
+    // The variable replaces the file's list whole.
+    let c = with_env(
+        &route("[server]\ntrusted_proxies = [\"0.0.0.0/0\"]"),
+        "ROCGATE__SERVER__TRUSTED_PROXIES",
+        "10.0.0.0/8",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.server.trusted_proxies,
+        vec!["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]
+    );
+
+    for (value, i) in [
+        ("10.0.0.0/8,,x", 1),
+        ("10.0.0.0/8,", 1),
+        (" ,10.0.0.0/8", 0),
+    ] {
+        let e = with_env(ORDER, "ROCGATE__SERVER__TRUSTED_PROXIES", value).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "t.toml: server.trusted_proxies: item {i} (counted from 0) of the \
+                 comma-separated list is empty: write one item between two commas, and no \
+                 comma after the last (set by environment variable \
+                 ROCGATE__SERVER__TRUSTED_PROXIES)"
+            ),
+            "{value:?}"
+        );
+    }
+    // An item that is no network is refused at its index, as in the file.
+    let e = with_env(ORDER, "ROCGATE__SERVER__TRUSTED_PROXIES", "10.0.0.0/8, x").unwrap_err();
     assert!(
         e.to_string()
-            .contains("server.proxy_protocol_from: invalid type")
+            .starts_with("t.toml: server.trusted_proxies[1]: ")
             && e.to_string()
-                .contains("ROCGATE__SERVER__PROXY_PROTOCOL_FROM"),
+                .ends_with("(set by environment variable ROCGATE__SERVER__TRUSTED_PROXIES)"),
         "{e}"
+    );
+
+    refused(
+        &route("[store]\nbackend = \"redis\"\ncluster_nodes = 5"),
+        "store.cluster_nodes",
+        "invalid type: integer `5`, expected a list of Redis URLs, or a comma-separated string",
+    );
+    refused(
+        &route("[server]\ntrusted_proxies = true"),
+        "server.trusted_proxies",
+        "invalid type: boolean `true`, expected a list of networks (such as \"10.0.0.0/8\"), \
+         or a comma-separated string",
+    );
+    refused(
+        &route("[admin]\nallowed_hosts = { a = 1 }"),
+        "admin.allowed_hosts",
+        "invalid type: map, expected a list of host names, or a comma-separated string",
     );
 }
 
@@ -2324,10 +2423,23 @@ fn proxy_protocol_from_is_its_own_list_and_defaults_to_the_trusted_proxies() {
         "server.proxy_protocol_from",
         "has no effect unless server.proxy_protocol is",
     );
+    // The file may write a list as one comma-separated string, as a variable does.
+    let c = Config::from_toml_str(
+        &route("[server]\nproxy_protocol_from = \"10.0.0.1, 10.0.0.2\"\nproxy_protocol = \"v1\""),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.server.proxy_protocol_from,
+        Some(vec![
+            "10.0.0.1/32".parse().unwrap(),
+            "10.0.0.2/32".parse().unwrap()
+        ])
+    );
     refused(
-        &route("[server]\nproxy_protocol_from = \"10.0.0.1\"\nproxy_protocol = \"v1\""),
+        &route("[server]\nproxy_protocol_from = 10\nproxy_protocol = \"v1\""),
         "server.proxy_protocol_from",
-        "invalid type",
+        "invalid type: integer `10`, expected a list of networks",
     );
     // A proxy_protocol misspelt is its own error: the list beside it is not said to
     // have no effect (it would, were the version read), and its entries are checked.
@@ -4322,20 +4434,23 @@ fn admin_allowed_hosts_takes_host_names_alone() {
         refused(&text, "admin.allowed_hosts[1]", message);
         assert_eq!(problems(&text).len(), 1, "{entry}: {:?}", problems(&text));
     }
-    refused(
+    // One string of comma-separated names, in the file as from the environment.
+    let c = Config::from_toml_str(
         &format!("{ORDER}[admin]\nallowed_hosts = \"rocgate.internal\"\n"),
-        "admin.allowed_hosts",
-        "expected a sequence",
-    );
-    // A list of values, set in the file only, as README says.
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.admin_allowed_hosts, vec!["rocgate.internal"]);
     let env = [(
         "ROCGATE__ADMIN__ALLOWED_HOSTS".to_owned(),
-        "rocgate.internal".to_owned(),
+        "rocgate.internal,a b".to_owned(),
     )];
     let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "t.toml: admin.allowed_hosts: invalid type: string \"rocgate.internal\", expected a \
-         sequence (set by environment variable ROCGATE__ADMIN__ALLOWED_HOSTS)"
+    assert!(
+        e.to_string()
+            .starts_with("t.toml: admin.allowed_hosts[1]: must be a host name")
+            && e.to_string()
+                .ends_with("(set by environment variable ROCGATE__ADMIN__ALLOWED_HOSTS)"),
+        "{e}"
     );
 }

@@ -27,6 +27,7 @@ use serde::de::{self, Deserializer, Unexpected, Visitor};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::fmt;
+use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -54,7 +55,7 @@ pub(crate) struct RawConfig {
 struct RawStore {
     backend: Option<String>,
     url: Option<String>,
-    cluster_nodes: Option<NodeList>,
+    cluster_nodes: Option<TextList<NodeUrls>>,
     timeout: Option<String>,
     key_prefix: Option<String>,
     fail_mode: Option<String>,
@@ -67,21 +68,106 @@ struct RawStore {
     expected_instances: Option<Whole>,
 }
 
-/// `store.cluster_nodes`: a list of URLs, or one string of comma-separated URLs (as an
-/// environment variable gives it).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NodeList {
-    List(Vec<String>),
-    Text(String),
+/// A list field of `[server]`, `[admin]` or `[store]` (`trusted_proxies`,
+/// `proxy_protocol_from`, `allowed_hosts`, `cluster_nodes`): an array of strings, or one
+/// string of items between commas, as an environment variable gives it
+/// (`ROCGATE__SERVER__TRUSTED_PROXIES=10.0.0.0/8, 192.168.0.0/16`) and as the file may
+/// write it too. Each item of the string is read without the ASCII whitespace around
+/// it; an empty one (`a,,b`, a comma at the end) is refused with its position. Any
+/// other value (`5`, `true`, a table) is refused as neither, naming what the field
+/// lists ([`ListItems::ITEMS`]).
+#[derive(Debug)]
+struct TextList<K> {
+    items: Vec<String>,
+    kind: PhantomData<K>,
 }
 
-impl NodeList {
-    fn into_urls(self) -> Vec<String> {
-        match self {
-            NodeList::List(urls) => urls,
-            NodeList::Text(text) => node_urls(&text).into_iter().map(str::to_owned).collect(),
+impl<K> TextList<K> {
+    fn into_items(self) -> Vec<String> {
+        self.items
+    }
+}
+
+/// What a [`TextList`] holds: the name its refusal gives the items, and where its
+/// string is cut.
+trait ListItems {
+    /// The items, as in "expected a list of networks".
+    const ITEMS: &'static str;
+
+    /// The items of the comma-separated `text`, each as written.
+    fn cut(text: &str) -> Vec<&str> {
+        text.split(',').collect()
+    }
+}
+
+/// `server.trusted_proxies` and `server.proxy_protocol_from`.
+#[derive(Debug)]
+struct Networks;
+
+impl ListItems for Networks {
+    const ITEMS: &'static str = "networks (such as \"10.0.0.0/8\")";
+}
+
+/// `admin.allowed_hosts`.
+#[derive(Debug)]
+struct HostNames;
+
+impl ListItems for HostNames {
+    const ITEMS: &'static str = "host names";
+}
+
+/// `store.cluster_nodes`, whose string is cut as [`node_urls`] cuts it.
+#[derive(Debug)]
+struct NodeUrls;
+
+impl ListItems for NodeUrls {
+    const ITEMS: &'static str = "Redis URLs";
+
+    fn cut(text: &str) -> Vec<&str> {
+        node_urls(text)
+    }
+}
+
+impl<'de, K: ListItems> Deserialize<'de> for TextList<K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ListVisitor<K>(PhantomData<K>);
+
+        impl<'de, K: ListItems> Visitor<'de> for ListVisitor<K> {
+            type Value = Vec<String>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a list of {}, or a comma-separated string", K::ITEMS)
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<String>()? {
+                    items.push(item);
+                }
+                Ok(items)
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                let mut items = Vec::new();
+                for (i, item) in K::cut(text).into_iter().enumerate() {
+                    let item = item.trim_ascii();
+                    if item.is_empty() {
+                        return Err(E::custom(format!(
+                            "item {i} (counted from 0) of the comma-separated list is empty: \
+                             write one item between two commas, and no comma after the last"
+                        )));
+                    }
+                    items.push(item.to_owned());
+                }
+                Ok(items)
+            }
         }
+
+        d.deserialize_any(ListVisitor::<K>(PhantomData))
+            .map(|items| TextList {
+                items,
+                kind: PhantomData,
+            })
     }
 }
 
@@ -137,11 +223,11 @@ struct RawServer {
     max_upstream_lanes: Option<Whole>,
     upstream_idle_timeout: Option<String>,
     normalize_path: Option<Flag>,
-    trusted_proxies: Option<Vec<String>>,
+    trusted_proxies: Option<TextList<Networks>>,
     trusted_hops: Option<Whole>,
     client_ip_header: Option<String>,
     proxy_protocol: Option<String>,
-    proxy_protocol_from: Option<Vec<String>>,
+    proxy_protocol_from: Option<TextList<Networks>>,
     shutdown_grace: Option<String>,
     max_connections: Option<Whole>,
     max_connections_per_client: Option<Whole>,
@@ -157,7 +243,7 @@ struct RawServer {
 struct RawAdmin {
     listen: Option<String>,
     token: Option<TokenText>,
-    allowed_hosts: Option<Vec<String>>,
+    allowed_hosts: Option<TextList<HostNames>>,
 }
 
 /// `[hints]`: what the tuning hints keep and call saturated.
@@ -2978,7 +3064,9 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
     if let Some(Flag(normalize)) = server.normalize_path {
         out.normalize_path = normalize;
     }
-    let trusted = server.trusted_proxies.unwrap_or_default();
+    let trusted = server
+        .trusted_proxies
+        .map_or_else(Vec::new, TextList::into_items);
     // Whether the file turns the PROXY protocol off (leaves it out, or says "off"), not
     // whether it was read: a misspelt version is an error of its own.
     let mut protocol_off = true;
@@ -3014,7 +3102,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         let path = format!("server.trusted_proxies[{i}]");
         field(p, &path, network(text).map(|n| out.trusted_proxies.push(n)));
     }
-    if let Some(from) = server.proxy_protocol_from {
+    if let Some(from) = server.proxy_protocol_from.map(TextList::into_items) {
         let checked = if protocol_off {
             Err(
                 "has no effect unless server.proxy_protocol is \"v1\", \"v2\" or \"any\""
@@ -3122,7 +3210,12 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         };
         field(p, "admin.token", checked);
     }
-    for (i, text) in admin.allowed_hosts.unwrap_or_default().iter().enumerate() {
+    for (i, text) in admin
+        .allowed_hosts
+        .map_or_else(Vec::new, TextList::into_items)
+        .iter()
+        .enumerate()
+    {
         let path = format!("admin.allowed_hosts[{i}]");
         field(
             p,
@@ -3551,7 +3644,7 @@ fn store_config(p: &mut Problems, raw: RawStore) -> StoreConfig {
             field(p, "url", checked);
         }
         (None, Some(nodes)) => {
-            let nodes = nodes.into_urls();
+            let nodes = nodes.into_items();
             let mut urls = Vec::new();
             let mut first: Option<RedisUrl> = None;
             for (i, url) in nodes.iter().enumerate() {
