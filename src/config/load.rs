@@ -144,10 +144,11 @@ impl Config {
     /// Names are case-insensitive; values are text, read as the field needs (`95`, `5s`,
     /// `shadow`; a number with TOML's underscores between digits, `1_000`). A part made only of digits is an index into an array of tables
     /// (`routes`, `events`, `tiers`, counted from 0), which must exist in the file: the
-    /// environment can change a route, not add one. Arrays of values (a tier's
-    /// `values`, `server.trusted_proxies`) cannot be set from the environment, whole or
-    /// an element: an index after any other field is refused. An empty variable counts
-    /// as unset.
+    /// environment can change a route, not add one. A list of values of `[server]`,
+    /// `[admin]` or `[store]` (`server.trusted_proxies`) is set whole, its items
+    /// separated by commas (`10.0.0.0/8, 192.168.0.0/16`), an empty item refused; a
+    /// tier's `values` cannot be set from the environment, and no list's element can:
+    /// an index after any other field is refused. An empty variable counts as unset.
     /// Every `ROCGATE__` variable is an override, so an unknown field is an error as it
     /// is in the file, and a problem in a value from the environment names the variable.
     ///
