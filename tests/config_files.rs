@@ -1771,9 +1771,12 @@ fn a_problem_a_variable_caused_names_it() {
     assert!(!e.to_string().contains("ROCGATE__"), "{e}");
 }
 
-/// A list of values is set in the file only, whole or an element: an element the file
+/// An element of a list of values is not set from the environment: an element the file
 /// has was replaced (`ROCGATE__SERVER__TRUSTED_PROXIES__0=0.0.0.0/0` trusted every
-/// peer's `X-Forwarded-For`, where the README said it could not be set).
+/// peer's `X-Forwarded-For`, where the README said it could not be set). The refusal
+/// of an element of a list the environment sets whole (`trusted_proxies`,
+/// `proxy_protocol_from`, `allowed_hosts`, `cluster_nodes`) names the variable that
+/// does; it said "a list of values is set in the file", which they no longer are only.
 #[test]
 fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
     let text = format!(
@@ -1782,21 +1785,48 @@ fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
          [server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
     );
     Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
-    for (var, element) in [
+    let in_the_file = ", and a list of values is set in the file";
+    for (var, element, how) in [
         (
             "ROCGATE__SERVER__TRUSTED_PROXIES__0",
             "server.trusted_proxies[0]",
+            "; set the whole list, its items separated by commas \
+             (ROCGATE__SERVER__TRUSTED_PROXIES=…)",
         ),
         (
             "ROCGATE__SERVER__TRUSTED_PROXIES__1",
             "server.trusted_proxies[1]",
+            "; set the whole list, its items separated by commas \
+             (ROCGATE__SERVER__TRUSTED_PROXIES=…)",
+        ),
+        (
+            "rocgate__server__proxy_protocol_from__0",
+            "server.proxy_protocol_from[0]",
+            "; set the whole list, its items separated by commas \
+             (rocgate__server__proxy_protocol_from=…)",
+        ),
+        (
+            "ROCGATE__ADMIN__ALLOWED_HOSTS__2",
+            "admin.allowed_hosts[2]",
+            "; set the whole list, its items separated by commas \
+             (ROCGATE__ADMIN__ALLOWED_HOSTS=…)",
+        ),
+        (
+            "ROCGATE__STORE__CLUSTER_NODES__0",
+            "store.cluster_nodes[0]",
+            "; set the whole list, its items separated by commas \
+             (ROCGATE__STORE__CLUSTER_NODES=…)",
         ),
         (
             "ROCGATE__ROUTES__0__TIERS__0__VALUES__0",
             "routes[0].tiers[0].values[0]",
+            in_the_file,
         ),
-        ("ROCGATE__STORE__CLUSTER_NODES__0", "store.cluster_nodes[0]"),
-        ("ROCGATE__ROUTES__0__NAME__0", "routes[0].name[0]"),
+        (
+            "ROCGATE__ROUTES__0__NAME__0",
+            "routes[0].name[0]",
+            in_the_file,
+        ),
     ] {
         let env = [(var.to_owned(), "0.0.0.0/0".to_owned())];
         let e = Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_err();
@@ -1804,11 +1834,21 @@ fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
             e.to_string(),
             format!(
                 "t.toml: {element}: cannot be set from the environment: an index may follow \
-                 routes, events or tiers only, and a list of values is set in the file \
-                 (set by environment variable {var})"
+                 routes, events or tiers only{how} (set by environment variable {var})"
             )
         );
     }
+    // A tier's values are not set whole either, as README says (a key may hold a comma).
+    let env = [(
+        "ROCGATE__ROUTES__0__TIERS__0__VALUES".to_owned(),
+        "k1,k2".to_owned(),
+    )];
+    let e = Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.toml: routes[0].tiers[0].values: invalid type: string \"k1,k2\", expected a \
+         sequence (set by environment variable ROCGATE__ROUTES__0__TIERS__0__VALUES)"
+    );
     // The arrays of tables still take an index.
     let env = [(
         "ROCGATE__ROUTES__0__TIERS__0__BASE_LIMIT".to_owned(),

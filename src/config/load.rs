@@ -6,7 +6,7 @@
 
 use super::raw::{
     bare_number, error_location, key_text, node_urls, one_line, text_refusal, written_not_0,
-    RawConfig, NEARER_0,
+    RawConfig, NEARER_0, TEXT_LISTS,
 };
 use super::{escaped, quoted, quotes_bounded, Config};
 use crate::store::masked_url;
@@ -300,12 +300,17 @@ impl Config {
                 continue;
             }
             if let Some(element) = o.list_element() {
+                let how = match o.whole_list_var() {
+                    Some(whole) => {
+                        format!("; set the whole list, its items separated by commas ({whole}=…)")
+                    }
+                    None => ", and a list of values is set in the file".to_owned(),
+                };
                 problems.push(Problem::new(
                     element,
                     format!(
                         "cannot be set from the environment: an index may follow routes, \
-                         events or tiers only, and a list of values is set in the file \
-                         (set by environment variable {})",
+                         events or tiers only{how} (set by environment variable {})",
                         o.var
                     ),
                 ));
@@ -896,13 +901,28 @@ impl Override {
     /// The first index on the path that does not follow `routes`, `events` or `tiers`
     /// (`server.trusted_proxies[0]`), up to it, if any: those are the arrays of tables,
     /// and an index elsewhere replaced an element of a list of values, which the
-    /// environment does not set (a variable widened the file's trusted proxies).
+    /// environment sets whole if at all (a variable widened the file's trusted proxies).
     fn list_element(&self) -> Option<&str> {
         const ARRAYS_OF_TABLES: [&str; 3] = ["routes", "events", "tiers"];
         self.path.match_indices('[').find_map(|(at, _)| {
             let name = self.path[..at].rsplit('.').next().unwrap_or_default();
             let end = at + self.path[at..].find(']')?;
             (!ARRAYS_OF_TABLES.contains(&name)).then(|| &self.path[..=end])
+        })
+    }
+
+    /// Where the path names an element of a list the environment sets whole
+    /// ([`TEXT_LISTS`]: `server.trusted_proxies[0]`), the variable that sets it, as this
+    /// one spells it (`ROCGATE__SERVER__TRUSTED_PROXIES`).
+    fn whole_list_var(&self) -> Option<String> {
+        let list = &self.path[..self.path.find('[')?];
+        TEXT_LISTS.contains(&list).then(|| {
+            let parts = 1 + list.split('.').count();
+            self.var
+                .split(ENV_SEPARATOR)
+                .take(parts)
+                .collect::<Vec<_>>()
+                .join(ENV_SEPARATOR)
         })
     }
 

@@ -82,6 +82,15 @@ struct TextList<K> {
     kind: PhantomData<K>,
 }
 
+/// The fields read as a [`TextList`], by path: the lists of values the environment
+/// sets whole.
+pub(super) const TEXT_LISTS: [&str; 4] = [
+    "server.trusted_proxies",
+    "server.proxy_protocol_from",
+    "admin.allowed_hosts",
+    "store.cluster_nodes",
+];
+
 impl<K> TextList<K> {
     fn into_items(self) -> Vec<String> {
         self.items
