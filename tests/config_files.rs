@@ -1623,6 +1623,28 @@ fn list_fields_take_a_comma_separated_string_from_the_environment() {
             "{value:?}"
         );
     }
+    // A string of no item at all is told how to write an empty list, not where its
+    // comma goes (it was "item 0 … is empty: write one item between two commas").
+    let nothing = "lists nothing (an empty string): write [] in the file for an empty list";
+    for text in ["", " \t"] {
+        let file = route(&format!("[admin]\nallowed_hosts = \"{text}\""));
+        assert_eq!(
+            problems(&file),
+            [format!("admin.allowed_hosts: {nothing}")],
+            "{text:?}"
+        );
+    }
+    let e = with_env(ORDER, "ROCGATE__STORE__CLUSTER_NODES", "  ").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "t.toml: store.cluster_nodes: {nothing} (set by environment variable \
+             ROCGATE__STORE__CLUSTER_NODES)"
+        )
+    );
+    let c = Config::from_toml_str(&route("[admin]\nallowed_hosts = []"), "t.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.server.admin_allowed_hosts.is_empty());
     // An item that is no network is refused at its index, as in the file.
     let e = with_env(ORDER, "ROCGATE__SERVER__TRUSTED_PROXIES", "10.0.0.0/8, x").unwrap_err();
     assert!(

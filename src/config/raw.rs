@@ -73,7 +73,8 @@ struct RawStore {
 /// string of items between commas, as an environment variable gives it
 /// (`ROCGATE__SERVER__TRUSTED_PROXIES=10.0.0.0/8, 192.168.0.0/16`) and as the file may
 /// write it too. Each item of the string is read without the ASCII whitespace around
-/// it; an empty one (`a,,b`, a comma at the end) is refused with its position. Any
+/// it; an empty one (`a,,b`, a comma at the end) is refused with its position, and a
+/// string of none (`""`, spaces) as listing nothing (an empty list is `[]`). Any
 /// other value (`5`, `true`, a table) is refused as neither, naming what the field
 /// lists ([`ListItems::ITEMS`]).
 #[derive(Debug)]
@@ -157,6 +158,11 @@ impl<'de, K: ListItems> Deserialize<'de> for TextList<K> {
             }
 
             fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                if text.trim_ascii().is_empty() {
+                    return Err(E::custom(
+                        "lists nothing (an empty string): write [] in the file for an empty list",
+                    ));
+                }
                 let mut items = Vec::new();
                 for (i, item) in K::cut(text).into_iter().enumerate() {
                     let item = item.trim_ascii();
