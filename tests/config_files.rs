@@ -4503,6 +4503,20 @@ fn admin_allowed_hosts_takes_host_names_alone() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.admin_allowed_hosts, vec!["rocgate.internal"]);
+    // An entry of the list is read without the spaces around it, as an item of the
+    // string is and as trusted_proxies' entries are: `[" rocgate.internal "]` was
+    // refused where `" rocgate.internal "` was taken.
+    let c = Config::from_toml_str(
+        &format!("{ORDER}[admin]\nallowed_hosts = [\" Rocgate.Internal\\t\"]\n"),
+        "t.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.admin_allowed_hosts, vec!["rocgate.internal"]);
+    refused(
+        &format!("{ORDER}[admin]\nallowed_hosts = [\"  \"]\n"),
+        "admin.allowed_hosts[0]",
+        "must not be empty",
+    );
     let env = [(
         "ROCGATE__ADMIN__ALLOWED_HOSTS".to_owned(),
         "rocgate.internal,a b".to_owned(),

@@ -3246,8 +3246,10 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
 /// so). A scheme, a path or a port is refused, naming what to leave out; so is a name
 /// beyond ASCII, which a browser sends in its `xn--` form, and an IP address, which
 /// the admin API takes without being listed (the list names this host as a `Host`
-/// header does, not the clients allowed).
+/// header does, not the clients allowed). The ASCII whitespace around it is left out,
+/// as around a network of `trusted_proxies`.
 fn allowed_host(text: &str) -> Result<String, String> {
+    let text = text.trim_ascii();
     let alone = |what: &str| {
         Err(format!(
             "must be a host name alone, got {:?}: leave out the {what}",
