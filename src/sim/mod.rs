@@ -120,7 +120,7 @@
 //! | `overload` | admitted requests above the capacity |
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 //! | `cut_count`, `first_cut_s`, `time_in_cut_s` | cuts of all routes, the earliest (or `null`), time in cut summed over routes |
-//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s, all routes together (sliding by 100 ms), and when that second began |
+//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s, all routes together (sliding by 100 ms, or by a step that meets every route's, below), and when that second began |
 //! | `routes` | one object per route, in config order, as below |
 //! | `hints` | the run's tuning hints, each as `GET /admin/hints` gives it (`route`, `rule`, `severity`, `parameter`, `current`, `suggested`, `reason`, and `event` on a hint judged under a scheduled event's profile that changes that event's setting or nothing) |
 //!
@@ -141,7 +141,7 @@
 //! | `first_cut_s` | time of the first cut, or `null` |
 //! | `time_in_cut_s` | total time the controller spent in `cut` |
 //! | `transitions` | every state change, same shape as `cuts` |
-//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s (sliding by 100 ms, or by the slot when slots are shorter and 1 s is a whole number of them), and when that second began |
+//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s (sliding by 100 ms, or by the slot when slots are shorter and 1 s is a whole number of them; by 50 ms for slots of 250 ms, 25 ms for 125 ms, so that every second the series shows as whole slots is weighed), and when that second began |
 //! | `peak_offered_1s` | most requests offered in any 1 s, likewise |
 //!
 //! Fields are only ever added, never renamed or removed.

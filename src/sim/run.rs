@@ -18,9 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// One second, in nanoseconds.
 const SECOND_NS: u64 = 1_000_000_000;
-/// The grid on which the run-wide busiest second is found: 100 ms, ten to a second.
-const PEAK_GRID_NS: u64 = SECOND_NS / PEAK_GRID_PER_S as u64;
-const PEAK_GRID_PER_S: usize = 10;
+/// The step by which a busiest second slides: 100 ms, or finer where slots need it
+/// ([`peak_step`]).
+const PEAK_GRID_NS: u64 = SECOND_NS / 10;
 
 /// Why a simulation cannot run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -388,7 +388,12 @@ impl Simulator {
                 Recorder::new(&engine, id, by_ip, slot_ns, slots, twin, starts)
             })
             .collect();
-        let mut load = Load::new(self.capacity_rps);
+        // All routes' seconds together slide by a step that meets each route's.
+        let step = plans
+            .iter()
+            .map(|&(_, slot_ns, _)| peak_step(slot_ns))
+            .fold(PEAK_GRID_NS, gcd);
+        let mut load = Load::new(self.capacity_rps, step);
         let mut last = Nanos::ZERO;
         for r in requests {
             let t = r.at.max(last);
@@ -594,16 +599,39 @@ fn peak(rows: &[SlotRow], span: usize, value: impl Fn(&SlotRow) -> u64) -> (u64,
     (best, at)
 }
 
-/// The busiest second of a count, on the 100 ms grid: counts per 100 ms cell, summed
-/// over the last ten.
+/// The step by which the busiest second slides over a route's slots of `slot_ns`:
+/// 100 ms, or, when 1 s is a whole number of slots, the longest step that meets both
+/// every 100 ms and every slot's edge (50 ms for slots of 250 ms), so that each second
+/// the series shows as whole slots is one the peak weighs: on the 100 ms grid the
+/// second from 0.25 s, four rows of 250 ms, was passed over, and a peak below the sum
+/// of those rows was printed as the busiest second.
+fn peak_step(slot_ns: u64) -> u64 {
+    if slot_ns == 0 || SECOND_NS % slot_ns != 0 {
+        return PEAK_GRID_NS;
+    }
+    gcd(PEAK_GRID_NS, slot_ns)
+}
+
+/// The greatest common divisor of `a` and `b`.
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The busiest second of a count, on a grid of cells that divide a second: counts per
+/// cell, summed over the last second's.
 #[derive(Clone, Debug)]
 struct Peak {
-    /// Index, end (ns) and count of the 100 ms cell being counted.
+    /// Length of a cell, ns: a divisor of a second.
+    cell_ns: u64,
+    /// Index, end (ns) and count of the cell being counted.
     cell: u64,
     cell_end: u64,
     cell_count: u64,
-    /// The last ten closed cells, and their sum.
-    ring: [u64; PEAK_GRID_PER_S],
+    /// The last second's closed cells, and their sum.
+    ring: Box<[u64]>,
     ring_sum: u64,
     peak: u64,
     /// First cell of the busiest second.
@@ -611,12 +639,15 @@ struct Peak {
 }
 
 impl Peak {
-    fn new() -> Self {
+    /// A grid of cells of `cell_ns`, a divisor of a second (a step of [`peak_step`]).
+    fn new(cell_ns: u64) -> Self {
+        let cell_ns = cell_ns.clamp(1, SECOND_NS);
         Peak {
+            cell_ns,
             cell: 0,
-            cell_end: PEAK_GRID_NS,
+            cell_end: cell_ns,
             cell_count: 0,
-            ring: [0; PEAK_GRID_PER_S],
+            ring: vec![0; (SECOND_NS / cell_ns) as usize].into_boxed_slice(),
             ring_sum: 0,
             peak: 0,
             peak_cell: 0,
@@ -627,21 +658,22 @@ impl Peak {
     #[inline]
     fn add(&mut self, t: u64) {
         if t >= self.cell_end {
-            self.close_cells(t / PEAK_GRID_NS);
+            self.close_cells(t / self.cell_ns);
         }
         self.cell_count += 1;
     }
 
-    /// Closes 100 ms cells until `cell` is the one being counted.
+    /// Closes cells until `cell` is the one being counted.
     #[cold]
     fn close_cells(&mut self, cell: u64) {
+        let per_s = self.ring.len() as u64;
         while self.cell < cell {
-            let slot = (self.cell % PEAK_GRID_PER_S as u64) as usize;
+            let slot = (self.cell % per_s) as usize;
             self.ring_sum = self.ring_sum + self.cell_count - self.ring[slot];
             self.ring[slot] = self.cell_count;
             if self.ring_sum > self.peak {
                 self.peak = self.ring_sum;
-                self.peak_cell = (self.cell + 1).saturating_sub(PEAK_GRID_PER_S as u64);
+                self.peak_cell = (self.cell + 1).saturating_sub(per_s);
             }
             self.cell += 1;
             self.cell_count = 0;
@@ -650,21 +682,21 @@ impl Peak {
                 self.cell = cell;
             }
         }
-        self.cell_end = (self.cell + 1) * PEAK_GRID_NS;
+        self.cell_end = (self.cell + 1) * self.cell_ns;
     }
 
     /// The most counted in any second of the grid up to `end`, and when that second
     /// began, seconds since the start.
     fn finish(mut self, end: Nanos) -> (u64, f64) {
-        self.close_cells(end.as_u64().div_ceil(PEAK_GRID_NS).max(self.cell + 1));
-        let at = Nanos::new(self.peak_cell * PEAK_GRID_NS).as_secs_f64();
+        self.close_cells(end.as_u64().div_ceil(self.cell_ns).max(self.cell + 1));
+        let at = Nanos::new(self.peak_cell * self.cell_ns).as_secs_f64();
         (self.peak, at)
     }
 }
 
 /// What the protected service receives, all recorded routes together: admitted
-/// requests per whole second against the capacity, and per 100 ms for the busiest
-/// second.
+/// requests per whole second against the capacity, and per step of the grid for the
+/// busiest second (100 ms, or finer where a route's slots need it: [`peak_step`]).
 struct Load {
     capacity: Option<u64>,
     /// End of the whole second being counted, ns.
@@ -678,7 +710,8 @@ struct Load {
 }
 
 impl Load {
-    fn new(capacity: Option<u64>) -> Self {
+    /// A load against `capacity`, its busiest second sliding by `peak_step` ns.
+    fn new(capacity: Option<u64>, peak_step: u64) -> Self {
         Load {
             capacity,
             second_end: SECOND_NS,
@@ -686,7 +719,7 @@ impl Load {
             second_overloaded: false,
             overload: 0,
             overload_s: 0,
-            peak: Peak::new(),
+            peak: Peak::new(peak_step),
         }
     }
 
@@ -766,9 +799,9 @@ struct Recorder<'e> {
     /// slot.
     route_limit_seen: u64,
     rows: Vec<SlotRow>,
-    /// Offered and admitted requests on the 100 ms grid, for the busiest second,
-    /// when slots are longer than 100 ms or 1 s is not a whole number of them (whole
-    /// slots would slide too coarsely: by 1 s, only the aligned seconds).
+    /// Offered and admitted requests on the grid of [`peak_step`], for the busiest
+    /// second, when slots are longer than 100 ms or 1 s is not a whole number of them
+    /// (whole slots would slide too coarsely: by 1 s, only the aligned seconds).
     grid: Option<(Peak, Peak)>,
     /// The route in the twin engine, when the run counts what it rejects without its
     /// cuts (see `Simulator::twin`).
@@ -826,7 +859,7 @@ impl<'e> Recorder<'e> {
             route_limit_seen: 0,
             rows: Vec::with_capacity(usize::try_from(slots).unwrap_or(0)),
             grid: (slot_ns > PEAK_GRID_NS || SECOND_NS % slot_ns != 0)
-                .then(|| (Peak::new(), Peak::new())),
+                .then(|| (Peak::new(peak_step(slot_ns)), Peak::new(peak_step(slot_ns)))),
         }
     }
 
@@ -928,7 +961,7 @@ impl<'e> Recorder<'e> {
         }
     }
 
-    /// The route's rows, its busiest seconds on the 100 ms grid if it kept them, what
+    /// The route's rows, its busiest seconds on its grid if it kept them, what
     /// its twin rejected, if it has one, and the keys it refused per interval.
     fn finish(mut self, slots: u64) -> Finished {
         while (self.rows.len() as u64) < slots {
@@ -1198,7 +1231,8 @@ pub struct Summary {
     /// Every state change.
     pub transitions: Vec<TransitionRecord>,
     /// Most requests admitted in any 1 s (sliding by whole slots of 100 ms or less,
-    /// otherwise by 100 ms).
+    /// otherwise by 100 ms, or by 50 ms or 25 ms where that meets every edge of slots
+    /// that 1 s holds a whole number of: 250 ms, 125 ms).
     pub peak_admitted_1s: u64,
     /// Start of that busiest second, seconds since the start.
     pub peak_admitted_1s_at_s: f64,
@@ -1239,7 +1273,8 @@ pub struct RunSummary {
     pub first_cut_s: Option<f64>,
     /// Time in `cut`, summed over the routes, seconds.
     pub time_in_cut_s: f64,
-    /// Most requests admitted in any 1 s, all routes together (sliding by 100 ms).
+    /// Most requests admitted in any 1 s, all routes together (sliding by 100 ms, or by
+    /// a step that meets every route's, as each route's busiest second slides).
     pub peak_admitted_1s: u64,
     /// Start of that busiest second, seconds since the start.
     pub peak_admitted_1s_at_s: f64,
@@ -1446,8 +1481,56 @@ mod tests {
     }
 
     #[test]
+    fn the_busiest_second_is_one_the_series_shows_as_whole_slots() {
+        use crate::config::{RouteConfig, RouteMatch};
+        use crate::window::WindowSpec;
+        // 250 ms slots, and 400 req/s from 0.25 s to 1.25 s: the second of the rows
+        // from 0.25 s holds all 400, which the 100 ms grid passed over (380 at most,
+        // from 0.2 s or 0.3 s).
+        let mut route = RouteConfig::new("order", RouteMatch::any());
+        route.window =
+            WindowSpec::new(Duration::from_millis(2000), Duration::from_millis(250)).unwrap();
+        route.controller.base_limit_rps = 1000.0;
+        route.controller.cut_limit_rps = 1000.0;
+        let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
+        let burst = Profile::from_points(&[
+            (0.0, 0.0),
+            (0.25, 0.0),
+            (0.25, 400.0),
+            (1.25, 400.0),
+            (1.25, 0.0),
+            (3.0, 0.0),
+        ])
+        .unwrap();
+        let run = sim.run_profile_all(&burst, ArrivalModel::Uniform).unwrap();
+        let r = &run.routes[0];
+        let rows: Vec<u64> = r.series.iter().map(|row| row.admitted).collect();
+        assert_eq!(rows[1..5].iter().sum::<u64>(), 400, "{rows:?}");
+        let s = &r.summary;
+        assert_eq!((s.peak_admitted_1s, s.peak_offered_1s), (400, 400));
+        assert_eq!(s.peak_admitted_1s_at_s, 0.25);
+        assert_eq!(run.summary.peak_admitted_1s, 400);
+        assert_eq!(run.summary.peak_admitted_1s_at_s, 0.25);
+    }
+
+    #[test]
+    fn a_busiest_second_slides_by_a_step_that_meets_every_slot_edge() {
+        let ms = |n: u64| n * 1_000_000;
+        assert_eq!(peak_step(ms(100)), ms(100));
+        assert_eq!(peak_step(ms(250)), ms(50));
+        assert_eq!(peak_step(ms(125)), 25_000_000);
+        assert_eq!(peak_step(ms(500)), ms(100));
+        assert_eq!(peak_step(ms(1000)), ms(100));
+        assert_eq!(peak_step(ms(40)), ms(20));
+        // 1 s is not a whole number of 400 ms slots: their edges drift against any
+        // second, and the grid stays at 100 ms.
+        assert_eq!(peak_step(ms(400)), ms(100));
+        assert_eq!(peak_step(0), ms(100));
+    }
+
+    #[test]
     fn load_counts_overload_per_whole_second() {
-        let mut load = Load::new(Some(2));
+        let mut load = Load::new(Some(2), PEAK_GRID_NS);
         let ms = |n: u64| n * 1_000_000;
         let over: Vec<bool> = [0, 100, 200, 900, 1_000, 1_500, 1_600, 2_100]
             .iter()
