@@ -895,7 +895,7 @@ fn render(run: &SimRun, label: &str) -> String {
         line(
             &mut out,
             format_args!(
-                "all routes    offered {}, admitted {} ({:.1}%), rejected {} ({:.1}%){without_cuts}, {} cut(s); peak admitted {} in 1 s from {:.1} s",
+                "all routes    offered {}, admitted {} ({:.1}%), rejected {} ({:.1}%){without_cuts}, {} cut(s); peak admitted {} in 1 s from {} s",
                 t.offered,
                 t.admitted,
                 pct(t.admitted),
@@ -903,7 +903,7 @@ fn render(run: &SimRun, label: &str) -> String {
                 pct(t.rejected),
                 t.cut_count,
                 t.peak_admitted_1s,
-                t.peak_admitted_1s_at_s
+                second_start(t.peak_admitted_1s_at_s)
             ),
         );
     }
@@ -1033,8 +1033,10 @@ fn render_route(out: &mut String, s: &Summary, several: bool) {
     line(
         out,
         format_args!(
-            "peak admitted {:>8}  in 1 s from {:.1} s (offered peak {} in 1 s)",
-            s.peak_admitted_1s, s.peak_admitted_1s_at_s, s.peak_offered_1s
+            "peak admitted {:>8}  in 1 s from {} s (offered peak {} in 1 s)",
+            s.peak_admitted_1s,
+            second_start(s.peak_admitted_1s_at_s),
+            s.peak_offered_1s
         ),
     );
 }
@@ -1153,6 +1155,19 @@ fn sim_capacity(rows: &[SweepRow]) -> Option<u64> {
     rows.first().and_then(|r| r.summary.capacity_rps)
 }
 
+/// When a busiest second began, seconds since t = 0, to as many decimals as its step
+/// takes (at least one, at most six): `39.9`, and `56.35` on the 50 ms step of 250 ms
+/// slots, which one decimal rounded to a time the busiest second did not begin at.
+fn second_start(s: f64) -> String {
+    let text = format!("{s:.6}");
+    let trimmed = text.trim_end_matches('0');
+    if trimmed.ends_with('.') {
+        format!("{trimmed}0")
+    } else {
+        trimmed.to_string()
+    }
+}
+
 /// Unix seconds as RFC 3339 when they fall between 1970 and 9999, else as a number.
 fn wall_clock(unix_s: f64) -> String {
     match Duration::try_from_secs_f64(unix_s) {
@@ -1185,6 +1200,36 @@ mod tests {
         out.lines()
             .find(|l| l.starts_with("without cuts"))
             .map(str::to_owned)
+    }
+
+    /// The table gives a busiest second's start to the step it slides by: from 0.25 s
+    /// on 250 ms slots, not `0.2`, a second that began 50 ms before the busiest.
+    #[test]
+    fn a_busiest_second_is_printed_from_where_it_began() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nwindow = \"2s\"\n\
+                    slot = \"250ms\"\nbase_limit = 1000\ncut_limit = 1000\n";
+        let sim = Simulator::new(Config::from_toml_str(toml, "test").unwrap(), None).unwrap();
+        let points = [
+            (0.0, 0.0),
+            (0.25, 0.0),
+            (0.25, 400.0),
+            (1.25, 400.0),
+            (1.25, 0.0),
+            (3.0, 0.0),
+        ];
+        let profile = Profile::from_points(&points).unwrap();
+        let run = sim
+            .run_profile_all(&profile, ArrivalModel::Uniform)
+            .unwrap();
+        let table = render(&run, "profile p.csv");
+        assert!(
+            table.contains("peak admitted      400  in 1 s from 0.25 s (offered peak 400 in 1 s)"),
+            "{table}"
+        );
+        assert_eq!(second_start(39.9), "39.9");
+        assert_eq!(second_start(20.0), "20.0");
+        assert_eq!(second_start(0.025), "0.025");
+        assert_eq!(second_start(0.0), "0.0");
     }
 
     /// A partitioned route's table says how many of its refusals were its
