@@ -747,6 +747,22 @@ impl Engine {
         Some(self.route(route)?.lock().own.clone())
     }
 
+    /// The route's scheduled events as configured, each with the profile it runs (its
+    /// own fields over the route's own parameters in force); `None` if this engine
+    /// does not hold `route` (see [`RouteId`]).
+    pub fn route_events(&self, route: RouteId) -> Option<Vec<crate::config::Event>> {
+        let st = self.route(route)?.lock();
+        Some(
+            st.events
+                .iter()
+                .map(|e| crate::config::Event {
+                    controller: e.params.clone(),
+                    ..e.configured.0.clone()
+                })
+                .collect(),
+        )
+    }
+
     /// What the tuning hints need to know of the route: name, mode, algorithm,
     /// whether it is partitioned and the controller parameters in force (an event's while one is active); `None` if
     /// this engine does not hold `route` (see [`RouteId`]). Never `distributed`: the

@@ -16,10 +16,10 @@
 //! |---|---|---|
 //! | `raise_base_limit` | over 10% rejected by the base limit while the upstream was measured and healthy (saturated in at most 5% of the intervals; in `shadow`, would have been, enforced: an `info` hint); on a partitioned route, whose limit is each key's, quoting the distinct keys refused over the period ("from about 1400 clients"), an `info` hint "only if many clients are refused" under [`MANY_KEYS`] (a few keys over their own limit, one client's flood: the limit working) or where its intervals carry no count; a `route_limit`'s refusals ([`Interval::route_limit_rejected`]) are not the base limit's and are left out; not on a route with tiers (their rejections count as the base limit's) | `base_limit` +30%, at most the upstream's known capacity; for a token bucket at most capacity ÷ (1 + burst in seconds), what a full bucket and a second of refill pass, and at most what it keeps (`limit × burst` in 4294967295 tokens); for a token bucket or a leaky bucket at most 2000000 req/s (what it enforces within 0.1%); for a window counter or `concurrency` at most what it holds |
 //! | `raise_route_limit` | a partitioned route's `route_limit` refused over 10% of the requests out of a cut (taken from an interval's `limit` count first: exact in one wholly out of or wholly in a cut), each after its key's own limit admitted it, while the upstream was measured and healthy as for `raise_base_limit` (in `shadow`, would have: an `info` hint); its refusals during a cut are the cut's, not judged | `route_limit` +30%, at most the upstream's capacity (known, or measured where it saturated) ÷ (1 + burst in seconds), the burst of the total's token bucket: the route's `burst`, or a window counter's window; on a fleet sharing a Redis store, where each instance holds `route_limit ÷ n` ([`RouteSettings::route_limit_instances`]) and its history its share of the requests, a measured capacity (the rate this instance admitted) counts for the fleet times the instances sharing the total in the interval it was measured in ([`Interval::route_limit_instances`]), and bounds the fleet's total, saying so |
-//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit; `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
+//! | `lower_base_limit` | the upstream saturated in at least 10% of the intervals (and 2) while under 1% was rejected (in the shadow modes, would have been, enforced), or while the base limit is above its capacity (in 2 intervals are enough when the capacity is known) | `base_limit` −20%, or 90% of the rate at which it saturated if lower; for a token bucket drained while the upstream saturated, `burst` with it to capacity ÷ base − 1 s when a full bucket and a second of refill would still exceed the capacity; `cut_limit` with it (same ratio) when it would be above the new base limit, and a scheduled event's that takes the base limit from the route ([`follow_in_events`]); `min_rps` with it (same ratio, at most half of it) when above it, but for `concurrency` and partitioned routes (per-key base limit, route-wide `min_rps`) |
 //! | `raise_burst` | token bucket; the base limit's rejection ratio (in `shadow`, would-be) swings (≥ 2 intervals over 20% in runs right after an interval with room, under 2% rejected for any reason; ≥ 2 with room) while mean demand fits under the base limit and the upstream is healthy as above | `burst` to absorb the largest run's excess, at least doubled, at most 10 times, within capacity ÷ base − 1 s when the capacity is known, and within what the bucket keeps (49.7 days, 4294967295 tokens at the base limit, the raised one if raised) |
 //! | `raise_danger_roc` | cuts during which demand stayed under `base_limit` and the upstream was not saturated (false cuts) | `danger_roc` 10% above both the p99.9 ROC (of the slots the controller acted on) and the ROC that started each false cut; `info` if a needed cut started below that, or if `lower_danger_roc` fires too |
-//! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC |
+//! | `lower_danger_roc` | upstream saturated, above the rate it usually takes healthily, in at least 2 intervals of ramps (ROC over `safe_roc`) that never reached a cut | `danger_roc` to 80% of the lowest such ramp's peak ROC; a scheduled event's `safe_roc` with it where the event takes `danger_roc` from the route and its own would no longer be below it ([`follow_in_events`]) |
 //! | `raise_min_rps` | 3 or more cuts on a quiet route (mean demand under 20% of `base_limit`, one key's on a partitioned route); not for `concurrency` | `min_rps` 20% above the peak demand of those cuts, at least doubled, at most half of `base_limit` (of the one suggested with it, if lowered) |
 //! | `faster_restore` | over 10% rejected while recovering beyond what the base limit would have rejected (its own rejections, and the cut's of demand over its rate, as `raise_base_limit` counts them), for at least two restore intervals, the upstream measured healthy throughout recovery, and the base limit within the upstream's capacity (as `raise_base_limit` bounds it); in a shadow mode what enforcing would have rejected (`info`) | `restore_step` doubled (or `restore_interval` halved once a step is half the cut's depth) |
 //! | `shadow_verdict` | shadow modes: what enforcing would have rejected, by reason (the cut's of demand beyond the base limit's rate counted as the base limit's, as in `raise_base_limit`) | `mode = "enforce"` when that is under 1%, or when it would have fallen while the upstream was saturated; otherwise "not safe yet", naming what to tune: the other hint that changes it, or `base_limit` toward the demand seen while healthy, `danger_roc` / `cut_limit` for the cut; on a partitioned route the base limit's quoting the distinct keys enforcing would refuse over the period ("which would refuse about 1400 clients"; under [`MANY_KEYS`], "the limit working"; "if many clients would be refused" where no interval counted them), and `base_limit` without a value, and a `route_limit`'s would-be refusals out of a cut as the total's (`raise_route_limit`), not the base limit's; on a `concurrency` or partitioned route `danger_roc` without a value, saying why (`raise_danger_roc` does not judge the route) |
@@ -66,9 +66,10 @@ pub use history::{
 };
 pub use sketch::Sketch;
 
-use crate::config::{Mode, EVENT_SETTINGS, LONGEST_RESTORE, MIN_LIMIT};
-use crate::controller::ControllerState;
+use crate::config::{Event, Mode, EVENT_SETTINGS, LONGEST_RESTORE, MIN_LIMIT};
+use crate::controller::{ControllerParams, ControllerState};
 use crate::limiter::{gcra, Algorithm, Reason, MAX_PERMITS, MAX_SPACED_RATE, MAX_WINDOW_COUNT};
+use crate::window::RocMode;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
@@ -582,6 +583,128 @@ fn merge_suggestions(
     parts[at[0].0].1[at[0].1] = merged;
 }
 
+/// `x` as a limit `algorithm` takes, rounded `up` or down ([`Evidence::fit_limit`]).
+fn fit_limit(algorithm: &Algorithm, x: f64, up: bool) -> f64 {
+    match *algorithm {
+        Algorithm::Concurrency { .. } => {
+            if up { x.ceil() } else { x.floor() }.clamp(1.0, f64::from(MAX_PERMITS))
+        }
+        Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
+            let secs = window.as_secs_f64();
+            x.max(round_sig(1.0 / secs, 4, true)).min(round_sig(
+                MAX_WINDOW_COUNT as f64 / secs,
+                4,
+                false,
+            ))
+        }
+        Algorithm::TokenBucket { burst } => {
+            let secs = f64::from(gcra::burst_ms(burst)) / 1e3;
+            x.max(MIN_LIMIT)
+                .min(round_sig(f64::from(gcra::MAX_TOKENS) / secs, 4, false))
+                .min(MAX_SPACED_RATE)
+        }
+        Algorithm::LeakyBucket { .. } => x.clamp(MIN_LIMIT, MAX_SPACED_RATE),
+    }
+}
+
+/// The hints a scheduled event of the route needs where it takes a limit or a
+/// threshold from the route's own profile and the route's own part of `hints` (those
+/// naming no event) lowers it below a setting the event writes itself, which the
+/// config would then refuse: an event that leaves `base_limit` to the route and sets
+/// a `cut_limit` above the lowered base limit, or leaves `danger_roc` to the route and
+/// sets a `safe_roc` at or above the lowered `danger_roc`. Each such event gets a hint
+/// of the same rule and severity, in its own `[[routes.events]]` entry (`event`), that
+/// lowers its setting with the route's, keeping its ratio to it (`cut_limit` 150 with
+/// a base limit of 200 lowered to 90 goes to 67). An event whose own part of `hints`
+/// already changes either setting is left to that part. `hints` are every part's of
+/// one route; `algorithm`, `own` and `events` are the route's, each event with the
+/// profile it runs. Returns the hints to add.
+pub fn follow_in_events(
+    algorithm: &Algorithm,
+    own: &ControllerParams,
+    events: &[Event],
+    hints: &[Hint],
+) -> Vec<Hint> {
+    let mut added = Vec::new();
+    for h in hints.iter().filter(|h| h.event.is_none()) {
+        let (Some(parameter), Some(Setting::Number(from)), Some(Setting::Number(to))) =
+            (h.parameter.as_deref(), &h.current, &h.suggested)
+        else {
+            continue;
+        };
+        let (from, to) = (*from, *to);
+        if to >= from {
+            continue;
+        }
+        for e in events {
+            let p = &e.controller;
+            // Whether the event takes the route's setting and writes its own beside it
+            // (one it takes too follows the route's hint).
+            let (upper, lower, value, takes_it) = match parameter {
+                "base_limit" => (
+                    "base_limit",
+                    "cut_limit",
+                    p.cut_limit_rps,
+                    e.sets.map_or(
+                        p.base_limit_rps == own.base_limit_rps
+                            && p.cut_limit_rps != own.cut_limit_rps,
+                        |s| !s.base_limit && s.cut_limit,
+                    ),
+                ),
+                "danger_roc" => (
+                    "danger_roc",
+                    "safe_roc",
+                    p.safe_roc,
+                    p.roc_mode == own.roc_mode
+                        && p.danger_roc == own.danger_roc
+                        && p.safe_roc != own.safe_roc,
+                ),
+                _ => break,
+            };
+            let refused = if lower == "cut_limit" {
+                value > to
+            } else {
+                value >= to
+            };
+            let judged = hints.iter().any(|o| {
+                o.event.as_deref() == Some(e.name.as_str())
+                    && matches!(o.parameter.as_deref(), Some(q) if q == upper || q == lower)
+            });
+            if !takes_it || !refused || judged {
+                continue;
+            }
+            let suggested = if lower == "cut_limit" {
+                fit_limit(algorithm, round_down(value * to / from, value), false).min(to)
+            } else if to > 0.0 {
+                round_down(value * to / from, value)
+            } else if p.roc_mode == RocMode::Relative {
+                // Halfway down to −1, the lowest a relative threshold reaches.
+                (to - 1.0) / 2.0
+            } else {
+                to - (from - value)
+            };
+            added.push(Hint {
+                route: h.route.clone(),
+                rule: h.rule.clone(),
+                severity: h.severity,
+                parameter: Some(lower.to_owned()),
+                current: Some(Setting::Number(value)),
+                suggested: Some(Setting::Number(suggested)),
+                reason: format!(
+                    "event {} takes its {upper} from the route's, lowered to {} ({}), and sets a {lower} of {} of its own, which must stay {} it: lower it with the route's {upper}, keeping its ratio to it",
+                    e.name,
+                    fmt_num(to),
+                    h.rule,
+                    fmt_num(value),
+                    if lower == "cut_limit" { "at most" } else { "below" },
+                ),
+                event: Some(e.name.clone()),
+            });
+        }
+    }
+    added
+}
+
 /// The profile a part of a route's period was judged under, for a person.
 fn profile_name(event: Option<&str>) -> String {
     event.map_or_else(
@@ -981,26 +1104,7 @@ impl<'a> Evidence<'a> {
     /// `leaky_bucket`, at least [`MIN_LIMIT`] for the rate algorithms; rounded `up`
     /// or down.
     fn fit_limit(&self, x: f64, up: bool) -> f64 {
-        match self.s.algorithm {
-            Algorithm::Concurrency { .. } => {
-                if up { x.ceil() } else { x.floor() }.clamp(1.0, f64::from(MAX_PERMITS))
-            }
-            Algorithm::FixedWindow { window } | Algorithm::SlidingWindow { window } => {
-                let secs = window.as_secs_f64();
-                x.max(round_sig(1.0 / secs, 4, true)).min(round_sig(
-                    MAX_WINDOW_COUNT as f64 / secs,
-                    4,
-                    false,
-                ))
-            }
-            Algorithm::TokenBucket { burst } => {
-                let secs = f64::from(gcra::burst_ms(burst)) / 1e3;
-                x.max(MIN_LIMIT)
-                    .min(round_sig(f64::from(gcra::MAX_TOKENS) / secs, 4, false))
-                    .min(MAX_SPACED_RATE)
-            }
-            Algorithm::LeakyBucket { .. } => x.clamp(MIN_LIMIT, MAX_SPACED_RATE),
-        }
+        fit_limit(&self.s.algorithm, x, up)
     }
 
     fn count(&self, h: Health) -> usize {

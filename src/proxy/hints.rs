@@ -13,7 +13,8 @@ use crate::clock::Nanos;
 use crate::config::HintsConfig;
 use crate::engine::{Engine, RouteId, SlotReport};
 use crate::hints::{
-    one_per_route_setting, HintsReport, History, Policy, RouteHints, RouteSettings, UpstreamMeter,
+    follow_in_events, one_per_route_setting, Hint, HintsReport, History, Policy, RouteHints,
+    RouteSettings, UpstreamMeter,
 };
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -189,8 +190,25 @@ impl Advisor {
             .collect();
         // One route's parts come together: one suggestion per route-only setting
         // across them.
+        // and the events' settings a lowered one of the route's own would leave refused
+        // lowered with it.
         for parts in routes.chunk_by_mut(|a, b| a.route == b.route) {
             one_per_route_setting(parts.iter_mut().map(|r| (r.event.as_deref(), &mut r.hints)));
+            let Some(id) = engine.route_id(&parts[0].route) else {
+                continue;
+            };
+            let (Some(algorithm), Some(own), Some(events)) = (
+                engine.algorithm(id),
+                engine.route_params(id),
+                engine.route_events(id),
+            ) else {
+                continue;
+            };
+            let all: Vec<Hint> = parts.iter().flat_map(|r| r.hints.iter().cloned()).collect();
+            let follow = follow_in_events(algorithm, &own, &events, &all);
+            if let Some(own_part) = parts.iter_mut().find(|r| r.event.is_none()) {
+                own_part.hints.extend(follow);
+            }
         }
         HintsReport::new(period.as_secs_f64(), interval.as_secs_f64(), routes)
     }
@@ -225,6 +243,75 @@ mod tests {
             .unwrap()
             .with_sample_hook(Arc::new(move |route, report| hook.on_slot(route, report)));
         (advisor, engine)
+    }
+
+    /// `GET /admin/hints` of a route whose scheduled event (not running in the period)
+    /// takes the route's base limit and writes a cut_limit of 150 beside it, under 150
+    /// req/s against an upstream that fails beyond 100 a second: lowering the route's
+    /// base limit alone (200 → 130, 90% of the rate it saturated at) was advised, which
+    /// the event's cut_limit of 150 would leave refused.
+    /// The event's cut_limit is lowered with it, in the route's own entry, naming the
+    /// event.
+    #[test]
+    fn a_lowered_base_limit_lowers_the_cut_limit_an_event_writes_beside_it() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"2027-11-26T20:00:00Z\"\n\
+                    duration = \"30m\"\ncut_limit = 150\n";
+        let (advisor, engine) = advised(toml);
+        let id = engine.route_at(0).unwrap();
+        let route: Arc<str> = "r".into();
+        let meter = advisor.meter();
+        let steady = crate::sim::Profile::from_points(&[(0.0, 150.0), (60.0, 150.0)]).unwrap();
+        let mut due = Nanos::from_secs(10);
+        let (mut second, mut admitted) = (0, 0);
+        for now in steady.arrivals(ArrivalModel::Uniform) {
+            while now >= due {
+                advisor.tick_due(&engine, due);
+                due = due + advisor.history().interval();
+            }
+            if engine.check(id, Key::None, now).is_admit() {
+                if now.as_u64() / 1_000_000_000 != second {
+                    (second, admitted) = (now.as_u64() / 1_000_000_000, 0);
+                }
+                admitted += 1;
+                meter.record(&route, Duration::from_millis(5), admitted > 100);
+            }
+        }
+        let end = Nanos::from_secs(60);
+        engine.catch_up(id, end);
+        advisor.tick_due(&engine, end);
+        let report = advisor.report(Duration::from_secs(3600), end, &engine);
+        assert_eq!(report.routes.len(), 1, "{report:#?}");
+        let hints = &report.routes[0].hints;
+        let changes: Vec<_> = hints
+            .iter()
+            .filter_map(|h| {
+                Some((
+                    h.event.as_deref(),
+                    h.parameter.as_deref()?,
+                    h.current.clone()?,
+                    h.suggested.clone()?,
+                ))
+            })
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                (
+                    None,
+                    "base_limit",
+                    Setting::Number(200.0),
+                    Setting::Number(130.0)
+                ),
+                (
+                    Some("sale"),
+                    "cut_limit",
+                    Setting::Number(150.0),
+                    Setting::Number(97.0)
+                ),
+            ],
+            "{hints:#?}"
+        );
     }
 
     /// `serve`'s hints, with the default `[hints]` (10 s intervals), over the flash

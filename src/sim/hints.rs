@@ -172,7 +172,9 @@ fn chunks(rows: &[SlotRow], mut starts: IntervalStarts) -> Vec<&[SlotRow]> {
 const CONCURRENCY_NOT_JUDGED: &str = "no change: the simulation completes requests at once, so a concurrency limit never binds and a run cannot judge its settings";
 
 /// The hints for every route of `run`, simulated with `config`, one suggestion per
-/// route-only setting across its parts ([`hints::one_per_route_setting`]). A `concurrency`
+/// route-only setting across its parts ([`hints::one_per_route_setting`]), and the
+/// events' settings that a lowered limit or threshold of the route's own would leave
+/// refused lowered with it ([`hints::follow_in_events`]). A `concurrency`
 /// route gets one "no change" hint saying so: advice from a run in
 /// which its limit never binds would move it without end (each round lowering a limit
 /// that changed nothing).
@@ -220,12 +222,11 @@ pub fn hints(run: &SimRun, config: &Config, policy: &Policy) -> Vec<Hint> {
                     .iter_mut()
                     .map(|(event, hints)| (event.as_deref(), hints)),
             );
-            Some(
-                parts
-                    .into_iter()
-                    .flat_map(|(_, hints)| hints)
-                    .collect::<Vec<_>>(),
-            )
+            let mut hints: Vec<Hint> = parts.into_iter().flat_map(|(_, hints)| hints).collect();
+            let follow =
+                hints::follow_in_events(&route.algorithm, &route.controller, &route.events, &hints);
+            hints.extend(follow);
+            Some(hints)
         })
         .flatten()
         .collect()
@@ -319,6 +320,109 @@ mod tests {
             },
             series: rows,
             refused_keys: Vec::new(),
+        }
+    }
+
+    /// The hints of a route whose scheduled event takes the route's base limit or
+    /// danger_roc and writes its own cut_limit or safe_roc: lowering the route's alone
+    /// was advised (base_limit 200 → 90 beside an event's cut_limit of 150; danger_roc
+    /// 80 → 24 beside an event's safe_roc of 60), a config the file's rules refuse
+    /// (`routes[0].events[0].cut_limit: must be ≤ base_limit (90), got 150`). The
+    /// event's setting is now lowered with it, and the config the hints make is one
+    /// the rules accept.
+    #[test]
+    fn a_lowered_route_setting_lowers_what_an_event_writes_beside_it() {
+        use crate::hints::Setting;
+        use crate::sim::{ArrivalModel, Profile, Simulator};
+        let route = |own: &str, event: &str| {
+            format!(
+                "[[routes]]\nname = \"order\"\npath_prefix = \"/\"\n{own}\n\
+                 [[routes.events]]\nname = \"sale\"\nstart = \"2027-11-26T20:00:00Z\"\n\
+                 duration = \"30m\"\n{event}\n"
+            )
+        };
+        let steady = Profile::from_points(&[(0.0, 150.0), (60.0, 150.0)]).unwrap();
+        let ramps = Profile::from_points(&[
+            (0.0, 0.0),
+            (40.0, 400.0),
+            (41.0, 0.0),
+            (60.0, 0.0),
+            (100.0, 400.0),
+            (101.0, 0.0),
+            (120.0, 0.0),
+        ])
+        .unwrap();
+        let cases = [
+            (
+                "base_limit = 200\ncut_limit = 60",
+                "cut_limit = 150",
+                &steady,
+                ("cut_limit", 150.0, 67.0),
+                "base_limit = 90",
+                "base_limit = 90\ncut_limit = 60",
+                "cut_limit = 67",
+            ),
+            (
+                "base_limit = 1000\ncut_limit = 300",
+                "safe_roc = 60",
+                &ramps,
+                ("safe_roc", 60.0, 18.0),
+                "base_limit = 90\ncut_limit = 27\ndanger_roc = 24",
+                "base_limit = 90\ncut_limit = 27\ndanger_roc = 24",
+                "safe_roc = 18",
+            ),
+        ];
+        // Each case: the route's own settings and the event's, the traffic, the
+        // event's hint, the route's own hints, and the settings they make.
+        for (own, event, profile, (parameter, from, to), own_hints, own_after, event_after) in cases
+        {
+            let config = Config::from_toml_str(&route(own, event), "test").unwrap();
+            let run = Simulator::new(config.clone(), Some("order"))
+                .unwrap()
+                .capacity(100)
+                .run_profile_all(profile, ArrivalModel::Uniform)
+                .unwrap();
+            let hints = hints(&run, &config, &Policy::default());
+            let of_event: Vec<_> = hints
+                .iter()
+                .filter(|h| h.event.as_deref() == Some("sale"))
+                .map(|h| {
+                    (
+                        h.parameter.as_deref(),
+                        h.current.clone(),
+                        h.suggested.clone(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                of_event,
+                [(
+                    Some(parameter),
+                    Some(Setting::Number(from)),
+                    Some(Setting::Number(to))
+                )],
+                "{hints:#?}"
+            );
+            let routes_own: Vec<String> = hints
+                .iter()
+                .filter(|h| h.event.is_none())
+                .filter_map(|h| {
+                    Some(format!(
+                        "{} = {}",
+                        h.parameter.as_ref()?,
+                        h.suggested.as_ref()?
+                    ))
+                })
+                .collect();
+            assert_eq!(routes_own.join("\n"), own_hints, "{hints:#?}");
+            let after = route(own_after, event_after);
+            Config::from_toml_str(&after, "test").unwrap();
+            let route_alone = route(own_after, event);
+            let refused = Config::from_toml_str(&route_alone, "test").unwrap_err();
+            assert!(
+                refused.to_string().contains("routes[0].events[0]."),
+                "{refused}"
+            );
         }
     }
 
