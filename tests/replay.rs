@@ -765,7 +765,7 @@ fn bad_sweeps_are_clear_errors() {
         parse(&["hold=1,2", "order.hold=3"])
             .unwrap_err()
             .to_string(),
-        "`hold (as `hold` and `order.hold`)` is swept twice"
+        "`hold` is swept twice (as `hold` and `order.hold`)"
     );
 
     let sim = Simulator::new(config(), Some("order")).unwrap();

@@ -124,10 +124,12 @@ pub enum SweepError {
         name: String,
     },
     /// The same parameter is given twice.
-    #[error("`{name}` is swept twice")]
+    #[error("`{name}` is swept twice{}", written.as_ref().map_or_else(String::new, |(a, b)| format!(" (as `{a}` and `{b}`)")))]
     Duplicate {
         /// The parameter.
         name: String,
+        /// The two flags' names for it, where they differ (`hold` and `order.hold`).
+        written: Option<(String, String)>,
     },
     /// The grid has too many points.
     #[error("{} = {} runs, more than {MAX_RUNS}", shown(&counts.join(" × ")), runs_text(*.runs))]
@@ -405,12 +407,12 @@ impl Sweep {
                 q.name == p.name && (q.route.is_none() || p.route.is_none() || q.route == p.route)
             });
             if let Some(q) = clash {
-                let name = if q.label == p.label {
-                    p.label.clone()
+                let (name, written) = if q.label == p.label {
+                    (p.label.clone(), None)
                 } else {
-                    format!("{} (as `{}` and `{}`)", p.name, q.label, p.label)
+                    (p.name.to_string(), Some((q.label.clone(), p.label.clone())))
                 };
-                return Err(SweepError::Duplicate { name });
+                return Err(SweepError::Duplicate { name, written });
             }
         }
         // Saturated: the product of many parameters' counts passes u128.
