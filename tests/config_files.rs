@@ -1807,49 +1807,46 @@ fn an_element_of_a_list_of_values_is_not_set_from_the_environment() {
          [server]\ntrusted_proxies = [\"10.0.0.0/8\"]\n"
     );
     Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
-    let in_the_file = ", and a list of values is set in the file";
-    for (var, element, how) in [
+    // (variable, element, whether the environment sets its list whole)
+    for (var, element, whole) in [
         (
             "ROCGATE__SERVER__TRUSTED_PROXIES__0",
             "server.trusted_proxies[0]",
-            "; set the whole list, its items separated by commas \
-             (ROCGATE__SERVER__TRUSTED_PROXIES=…)",
+            true,
         ),
         (
             "ROCGATE__SERVER__TRUSTED_PROXIES__1",
             "server.trusted_proxies[1]",
-            "; set the whole list, its items separated by commas \
-             (ROCGATE__SERVER__TRUSTED_PROXIES=…)",
+            true,
         ),
         (
             "rocgate__server__proxy_protocol_from__0",
             "server.proxy_protocol_from[0]",
-            "; set the whole list, its items separated by commas \
-             (rocgate__server__proxy_protocol_from=…)",
+            true,
         ),
         (
             "ROCGATE__ADMIN__ALLOWED_HOSTS__2",
             "admin.allowed_hosts[2]",
-            "; set the whole list, its items separated by commas \
-             (ROCGATE__ADMIN__ALLOWED_HOSTS=…)",
+            true,
         ),
         (
             "ROCGATE__STORE__CLUSTER_NODES__0",
             "store.cluster_nodes[0]",
-            "; set the whole list, its items separated by commas \
-             (ROCGATE__STORE__CLUSTER_NODES=…)",
+            true,
         ),
         (
             "ROCGATE__ROUTES__0__TIERS__0__VALUES__0",
             "routes[0].tiers[0].values[0]",
-            in_the_file,
+            false,
         ),
-        (
-            "ROCGATE__ROUTES__0__NAME__0",
-            "routes[0].name[0]",
-            in_the_file,
-        ),
+        ("ROCGATE__ROUTES__0__NAME__0", "routes[0].name[0]", false),
     ] {
+        let how = match var.rsplit_once("__") {
+            Some((list, _)) if whole => {
+                format!("; set the whole list, its items separated by commas ({list}=…)")
+            }
+            _ => ", and a list of values is set in the file".to_owned(),
+        };
         let env = [(var.to_owned(), "0.0.0.0/0".to_owned())];
         let e = Config::from_toml_str_with_env(&text, "t.toml", env).unwrap_err();
         assert_eq!(

@@ -1116,15 +1116,8 @@ fn a_keyed_route_moved_into_shadow_adaptive_during_a_cut_enforces_the_total_left
             v.mode = mode;
             v
         };
-        let e = engine(vec![cfg(mode)]);
-        let id = e.route_at(0).unwrap();
-        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
-        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let (e, id) = ip_cut_at_eleven(cfg(mode));
         let at = Nanos::from_secs(11);
-        assert_eq!(
-            e.route_snapshot(id, at).unwrap().state,
-            ControllerState::Cut
-        );
         let drained: usize = (100..130)
             .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
             .sum();
@@ -1404,6 +1397,18 @@ fn ten_per_ip_cut_to_three(name: &str, max_keys: usize) -> RouteConfig {
     cfg
 }
 
+/// An engine of `cfg` (one of [`ten_per_ip_cut_to_three`]'s), its client `ip(1)` at
+/// 8 req/s for 10 s, then 500 req/s without a key for one: cut at 11 s.
+fn ip_cut_at_eleven(cfg: RouteConfig) -> (Engine, RouteId) {
+    let e = engine(vec![cfg]);
+    let id = e.route_at(0).unwrap();
+    offer(&e, id, ip(1), 0.0, 10.0, 8.0);
+    offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+    let s = e.route_snapshot(id, Nanos::from_secs(11)).unwrap();
+    assert_eq!(s.state, ControllerState::Cut);
+    (e, id)
+}
+
 /// A route keyed by client IP at 5 req/s (1 when cut) by `algorithm`, its table
 /// bounded by `limits`.
 fn five_per_ip_route(algorithm: Algorithm, limits: KeyLimits) -> RouteConfig {
@@ -1643,15 +1648,8 @@ fn a_key_carried_by_a_reload_during_a_cut_refills_at_the_cut_limit() {
             };
             v
         };
-        let e = engine(vec![cfg(100)]);
-        let id = e.route_at(0).unwrap();
-        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
-        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let (e, id) = ip_cut_at_eleven(cfg(100));
         let at = Nanos::from_secs(11);
-        assert_eq!(
-            e.route_snapshot(id, at).unwrap().state,
-            ControllerState::Cut
-        );
         assert!(admitted_at_once(&e, id, ip(1), 100, at) > 0);
         let (e, id) = reloaded_or_not(e, id, reload.then(|| cfg(200)), at);
         let mut params = e.route_params(id).unwrap();
@@ -1680,10 +1678,7 @@ fn a_shadow_adaptive_reload_during_a_cut_carries_the_shadow_keys() {
             v.mode = Mode::ShadowAdaptive;
             v
         };
-        let e = engine(vec![cfg(100)]);
-        let id = e.route_at(0).unwrap();
-        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
-        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let (e, id) = ip_cut_at_eleven(cfg(100));
         offer(&e, id, ip(1), 11.0, 12.0, 8.0);
         let at = Nanos::from_secs(12);
         let (e, id) = reloaded_or_not(e, id, reload.then(|| cfg(200)), at);
@@ -1715,10 +1710,7 @@ fn a_keyed_route_that_leaves_enforce_for_shadow_adaptive_during_a_cut_counts_the
             v.mode = mode;
             v
         };
-        let e = engine(vec![cfg(mode)]);
-        let id = e.route_at(0).unwrap();
-        offer(&e, id, ip(1), 0.0, 10.0, 8.0);
-        offer(&e, id, Key::None, 10.0, 11.0, 500.0);
+        let (e, id) = ip_cut_at_eleven(cfg(mode));
         offer(&e, id, ip(1), 11.0, 12.0, 8.0);
         let at = Nanos::from_secs(12);
         let moved = (mode != Mode::ShadowAdaptive).then(|| cfg(Mode::ShadowAdaptive));

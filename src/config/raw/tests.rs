@@ -17,19 +17,22 @@ fn patch_controller(
     super::patch_controller(current, algorithm, json, withdraw).map_err(PatchError::problems)
 }
 
+/// [`super::patch_controller`] of `json` on the default parameters and algorithm, its
+/// refusal kept whole (a body that is no change, or one the rules refuse).
+fn patched(json: &str) -> Result<ControllerParams, PatchError> {
+    super::patch_controller(
+        &ControllerParams::default(),
+        &Algorithm::default(),
+        json,
+        None,
+    )
+}
+
 /// A body that is no change (its syntax, a field unknown, given twice or of the wrong
 /// JSON type, `null`) is told apart from a change the rules refuse: the admin API
 /// answers the first 400, the second 422.
 #[test]
 fn a_change_that_does_not_read_is_told_from_one_the_rules_refuse() {
-    let patched = |json: &str| {
-        super::patch_controller(
-            &ControllerParams::default(),
-            &Algorithm::default(),
-            json,
-            None,
-        )
-    };
     let malformed = |json: &str| matches!(patched(json), Err(PatchError::Malformed(_)));
     for json in [
         "[1]",
@@ -93,14 +96,6 @@ fn a_whole_number_out_of_its_bounds_is_refused_with_the_changes_other_problems()
 /// is allowed (`min_rps`) or refused as `got 0`. A 0 written so (`0e-400`) is 0.
 #[test]
 fn a_number_nearer_0_than_any_held_is_a_change_that_does_not_read() {
-    let patched = |json: &str| {
-        super::patch_controller(
-            &ControllerParams::default(),
-            &Algorithm::default(),
-            json,
-            None,
-        )
-    };
     let Err(PatchError::Malformed(e)) = patched(r#"{"min_rps": 1e-400, "base_limit": -2.5E-999}"#)
     else {
         panic!("taken or refused by the rules");
