@@ -388,11 +388,13 @@ impl Simulator {
                 Recorder::new(&engine, id, by_ip, slot_ns, slots, twin, starts)
             })
             .collect();
-        // All routes' seconds together slide by a step that meets each route's.
+        // All routes' seconds together slide by the longest step that meets each
+        // route's: one route's, alone, so that both weigh the same seconds.
         let step = plans
             .iter()
             .map(|&(_, slot_ns, _)| peak_step(slot_ns))
-            .fold(PEAK_GRID_NS, gcd);
+            .reduce(gcd)
+            .unwrap_or(PEAK_GRID_NS);
         let mut load = Load::new(self.capacity_rps, step);
         let mut last = Nanos::ZERO;
         for r in requests {
@@ -600,14 +602,18 @@ fn peak(rows: &[SlotRow], span: usize, value: impl Fn(&SlotRow) -> u64) -> (u64,
 }
 
 /// The step by which the busiest second slides over a route's slots of `slot_ns`:
-/// 100 ms, or, when 1 s is a whole number of slots, the longest step that meets both
-/// every 100 ms and every slot's edge (50 ms for slots of 250 ms), so that each second
-/// the series shows as whole slots is one the peak weighs: on the 100 ms grid the
-/// second from 0.25 s, four rows of 250 ms, was passed over, and a peak below the sum
-/// of those rows was printed as the busiest second.
+/// 100 ms; the slot, when it is 100 ms or less and 1 s a whole number of them (the
+/// series' rows); or, when 1 s is a whole number of longer slots, the longest step
+/// that meets both every 100 ms and every slot's edge (50 ms for slots of 250 ms), so
+/// that each second the series shows as whole slots is one the peak weighs: on the
+/// 100 ms grid the second from 0.25 s, four rows of 250 ms, was passed over, and a
+/// peak below the sum of those rows was printed as the busiest second.
 fn peak_step(slot_ns: u64) -> u64 {
     if slot_ns == 0 || SECOND_NS % slot_ns != 0 {
         return PEAK_GRID_NS;
+    }
+    if slot_ns <= PEAK_GRID_NS {
+        return slot_ns;
     }
     gcd(PEAK_GRID_NS, slot_ns)
 }
@@ -1273,8 +1279,9 @@ pub struct RunSummary {
     pub first_cut_s: Option<f64>,
     /// Time in `cut`, summed over the routes, seconds.
     pub time_in_cut_s: f64,
-    /// Most requests admitted in any 1 s, all routes together (sliding by 100 ms, or by
-    /// a step that meets every route's, as each route's busiest second slides).
+    /// Most requests admitted in any 1 s, all routes together (sliding by the longest
+    /// step that meets the step each route's busiest second slides by: one route's
+    /// alone).
     pub peak_admitted_1s: u64,
     /// Start of that busiest second, seconds since the start.
     pub peak_admitted_1s_at_s: f64,
@@ -1513,6 +1520,41 @@ mod tests {
         assert_eq!(run.summary.peak_admitted_1s_at_s, 0.25);
     }
 
+    /// One route of 40 ms slots, whose busiest second slides by its slot, and 400
+    /// req/s from 0.02 s to 1.02 s: all routes together slid by 20 ms (the step that
+    /// also met every 100 ms) and printed 400 from 0.02 s, a second the route's own
+    /// peak (392 from 0 s) and its series do not show, for the same requests.
+    #[test]
+    fn one_route_and_all_routes_give_the_same_busiest_second() {
+        use crate::config::{RouteConfig, RouteMatch};
+        use crate::window::WindowSpec;
+        let mut route = RouteConfig::new("order", RouteMatch::any());
+        route.window =
+            WindowSpec::new(Duration::from_millis(2000), Duration::from_millis(40)).unwrap();
+        route.controller.base_limit_rps = 1000.0;
+        route.controller.cut_limit_rps = 1000.0;
+        let sim = Simulator::new(Config::new(vec![route]), None).unwrap();
+        let burst = Profile::from_points(&[
+            (0.0, 0.0),
+            (0.02, 0.0),
+            (0.02, 400.0),
+            (1.02, 400.0),
+            (1.02, 0.0),
+            (3.0, 0.0),
+        ])
+        .unwrap();
+        let run = sim.run_profile_all(&burst, ArrivalModel::Uniform).unwrap();
+        let s = &run.routes[0].summary;
+        assert_eq!((s.peak_admitted_1s, s.peak_admitted_1s_at_s), (392, 0.0));
+        assert_eq!(
+            (
+                run.summary.peak_admitted_1s,
+                run.summary.peak_admitted_1s_at_s
+            ),
+            (s.peak_admitted_1s, s.peak_admitted_1s_at_s)
+        );
+    }
+
     #[test]
     fn a_busiest_second_slides_by_a_step_that_meets_every_slot_edge() {
         let ms = |n: u64| n * 1_000_000;
@@ -1521,7 +1563,7 @@ mod tests {
         assert_eq!(peak_step(ms(125)), 25_000_000);
         assert_eq!(peak_step(ms(500)), ms(100));
         assert_eq!(peak_step(ms(1000)), ms(100));
-        assert_eq!(peak_step(ms(40)), ms(20));
+        assert_eq!(peak_step(ms(40)), ms(40));
         // 1 s is not a whole number of 400 ms slots: their edges drift against any
         // second, and the grid stays at 100 ms.
         assert_eq!(peak_step(ms(400)), ms(100));
