@@ -124,7 +124,7 @@ pub enum SweepError {
         name: String,
     },
     /// The same parameter is given twice.
-    #[error("`{name}` is swept twice{}", written.as_ref().map_or_else(String::new, |(a, b)| format!(" (as `{a}` and `{b}`)")))]
+    #[error("`{}` is swept twice{}", shown(.name), written.as_ref().map_or_else(String::new, |(a, b)| format!(" (as `{}` and `{}`)", shown(a), shown(b))))]
     Duplicate {
         /// The parameter.
         name: String,
@@ -738,6 +738,27 @@ mod tests {
             e.to_string(),
             "`o\\u{1b}r.hold=1`: route `o\\u{1b}r` is not one of the routes run: order"
         );
+    }
+
+    /// A parameter swept twice under a route name as written, control characters and
+    /// all: the message wrote the flags raw (an escape sequence reached the terminal),
+    /// where every other sweep error escapes them.
+    #[test]
+    fn a_parameter_swept_twice_is_named_escaped() {
+        for (flags, message) in [
+            (
+                ["hold=1", "o\u{1b}[2Jr.hold=3"],
+                "`hold` is swept twice (as `hold` and `o\\u{1b}[2Jr.hold`)",
+            ),
+            (
+                ["o\u{1b}r.hold=1", "o\u{1b}r.hold=3"],
+                "`o\\u{1b}r.hold` is swept twice",
+            ),
+        ] {
+            let params = flags.iter().map(|f| f.parse().unwrap()).collect();
+            let e = Sweep::new(params).unwrap_err().to_string();
+            assert_eq!(e, message, "{flags:?}");
+        }
     }
 
     #[test]
