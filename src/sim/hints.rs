@@ -426,6 +426,92 @@ mod tests {
         }
     }
 
+    /// Every kind of event beside a route whose base_limit (200 → 90) and danger_roc
+    /// (80 → 24) are lowered: only an event that takes the lowered setting from the
+    /// route and writes its own cut_limit or safe_roc beyond it gets a hint, each
+    /// event its own, and the config every hint makes, the route's and the events'
+    /// together, is one the file's rules accept.
+    #[test]
+    fn only_events_that_take_a_lowered_setting_follow_it_and_all_hints_apply() {
+        use crate::hints::{follow_in_events, Setting, Severity};
+        let events = [
+            // Takes base_limit and danger_roc, writes both beside them.
+            ("both", "cut_limit = 150\nsafe_roc = 60"),
+            // Writes its own base_limit: its cut_limit stays beside it.
+            ("own_base", "base_limit = 200\ncut_limit = 150"),
+            // A cut_limit already within the lowered base limit.
+            ("within", "cut_limit = 80"),
+            // Its own thresholds, in the other mode.
+            (
+                "relative",
+                "roc_mode = \"relative\"\ndanger_roc = 1.0\nsafe_roc = 0.5\nmin_rps = 5",
+            ),
+            // Its own part already lowers its cut_limit.
+            ("judged", "cut_limit = 120"),
+        ];
+        let toml = |own: &str, written: &dyn Fn(&str, &str) -> String| {
+            let mut t = format!("[[routes]]\nname = \"order\"\npath_prefix = \"/\"\n{own}\n");
+            for (i, (name, fields)) in events.iter().enumerate() {
+                t.push_str(&format!(
+                    "[[routes.events]]\nname = \"{name}\"\nstart = \"2027-11-26T1{i}:00:00Z\"\n\
+                     duration = \"30m\"\n{}\n",
+                    written(name, fields)
+                ));
+            }
+            t
+        };
+        let own = "base_limit = 200\ncut_limit = 60\ndanger_roc = 80\nsafe_roc = 20";
+        let config = Config::from_toml_str(&toml(own, &|_, f| f.to_owned()), "test").unwrap();
+        let route = &config.routes[0];
+        let hint = |event: Option<&str>, parameter: &str, from: f64, to: f64| Hint {
+            route: "order".into(),
+            rule: "r".into(),
+            severity: Severity::Warn,
+            parameter: Some(parameter.into()),
+            current: Some(Setting::Number(from)),
+            suggested: Some(Setting::Number(to)),
+            reason: String::new(),
+            event: event.map(str::to_owned),
+        };
+        let mut all = vec![
+            hint(None, "base_limit", 200.0, 90.0),
+            hint(None, "danger_roc", 80.0, 24.0),
+            hint(Some("judged"), "cut_limit", 120.0, 90.0),
+        ];
+        let follow = follow_in_events(&route.algorithm, &route.controller, &route.events, &all);
+        let changes: Vec<_> = follow
+            .iter()
+            .map(|h| {
+                (
+                    h.event.clone().unwrap(),
+                    h.parameter.clone().unwrap(),
+                    h.suggested.clone().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                ("both".into(), "cut_limit".into(), Setting::Number(67.0)),
+                ("both".into(), "safe_roc".into(), Setting::Number(18.0)),
+            ],
+            "{follow:#?}"
+        );
+        all.extend(follow);
+        // Each hint applied in its entry: the route's own, or its event's.
+        let apply = |fields: &str, event: Option<&str>| {
+            let mut lines: Vec<String> = fields.lines().map(str::to_owned).collect();
+            for h in all.iter().filter(|h| h.event.as_deref() == event) {
+                let (p, v) = (h.parameter.as_ref().unwrap(), h.suggested.as_ref().unwrap());
+                lines.retain(|l| !l.starts_with(&format!("{p} =")));
+                lines.push(format!("{p} = {v}"));
+            }
+            lines.join("\n")
+        };
+        let after = toml(&apply(own, None), &|name, f| apply(f, Some(name)));
+        Config::from_toml_str(&after, "test").unwrap_or_else(|e| panic!("{e}\n{after}"));
+    }
+
     #[test]
     fn rows_group_into_seconds_with_state_time_cuts_and_demand() {
         let rows: Vec<SlotRow> = (0..20)
