@@ -120,7 +120,7 @@
 //! | `overload` | admitted requests above the capacity |
 //! | `overload_s` | whole seconds in which more than the capacity was admitted |
 //! | `cut_count`, `first_cut_s`, `time_in_cut_s` | cuts of all routes, the earliest (or `null`), time in cut summed over routes |
-//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s, all routes together (sliding by the longest step that meets every route's, below: one route's alone), and when that second began |
+//! | `peak_admitted_1s`, `peak_admitted_1s_at_s` | most requests admitted in any 1 s, all routes together (sliding by the longest step that meets every route's, below: one route's alone; 100 ms where that would be under 1 ms), and when that second began |
 //! | `routes` | one object per route, in config order, as below |
 //! | `hints` | the run's tuning hints, each as `GET /admin/hints` gives it (`route`, `rule`, `severity`, `parameter`, `current`, `suggested`, `reason`, and `event` on a hint judged under a scheduled event's profile that changes that event's setting or nothing) |
 //!

@@ -21,6 +21,9 @@ const SECOND_NS: u64 = 1_000_000_000;
 /// The step by which a busiest second slides: 100 ms, or finer where slots need it
 /// ([`peak_step`]).
 const PEAK_GRID_NS: u64 = SECOND_NS / 10;
+/// The shortest step all routes' busiest second slides by ([`all_routes_step`]): a
+/// route's shortest slot, 1 ms.
+const SHORTEST_PEAK_STEP_NS: u64 = 1_000_000;
 
 /// Why a simulation cannot run.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -388,13 +391,7 @@ impl Simulator {
                 Recorder::new(&engine, id, by_ip, slot_ns, slots, twin, starts)
             })
             .collect();
-        // All routes' seconds together slide by the longest step that meets each
-        // route's: one route's, alone, so that both weigh the same seconds.
-        let step = plans
-            .iter()
-            .map(|&(_, slot_ns, _)| peak_step(slot_ns))
-            .reduce(gcd)
-            .unwrap_or(PEAK_GRID_NS);
+        let step = all_routes_step(plans.iter().map(|&(_, slot_ns, _)| slot_ns));
         let mut load = Load::new(self.capacity_rps, step);
         let mut last = Nanos::ZERO;
         for r in requests {
@@ -616,6 +613,20 @@ fn peak_step(slot_ns: u64) -> u64 {
         return slot_ns;
     }
     gcd(PEAK_GRID_NS, slot_ns)
+}
+
+/// The step by which all routes' busiest second together slides, over routes of the
+/// slots given: the longest that meets each route's [`peak_step`] (one route's,
+/// alone, so that both weigh the same seconds), but 100 ms where that would be under
+/// [`SHORTEST_PEAK_STEP_NS`] (routes whose slots' edges meet only every few
+/// microseconds, 1.953125 ms beside 1.6 ms: 3.125 µs, a grid of 320,000 cells a
+/// second that a long run would step through one by one).
+fn all_routes_step(slots_ns: impl Iterator<Item = u64>) -> u64 {
+    slots_ns
+        .map(peak_step)
+        .reduce(gcd)
+        .filter(|&step| step >= SHORTEST_PEAK_STEP_NS)
+        .unwrap_or(PEAK_GRID_NS)
 }
 
 /// The greatest common divisor of `a` and `b`.
@@ -1568,6 +1579,19 @@ mod tests {
         // second, and the grid stays at 100 ms.
         assert_eq!(peak_step(ms(400)), ms(100));
         assert_eq!(peak_step(0), ms(100));
+    }
+
+    /// All routes' busiest second slides by the longest step that meets each route's,
+    /// never under 1 ms: 100 ms for routes whose slots' edges meet every 3.125 µs,
+    /// where it stepped through 320,000 cells a second.
+    #[test]
+    fn all_routes_busiest_second_slides_by_a_step_of_1_ms_at_least() {
+        let ms = |n: u64| n * 1_000_000;
+        assert_eq!(all_routes_step([ms(40)].into_iter()), ms(40));
+        assert_eq!(all_routes_step([ms(250), ms(40)].into_iter()), ms(10));
+        assert_eq!(all_routes_step([ms(1), ms(100)].into_iter()), ms(1));
+        assert_eq!(all_routes_step([1_953_125, 1_600_000].into_iter()), ms(100));
+        assert_eq!(all_routes_step(std::iter::empty()), ms(100));
     }
 
     #[test]
