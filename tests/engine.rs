@@ -1728,6 +1728,44 @@ fn a_keyed_route_that_leaves_enforce_for_shadow_adaptive_during_a_cut_counts_the
     assert_eq!(run(Mode::Enforce), all_along);
 }
 
+/// A reload that moves a keyed route from `shadow_adaptive` to `enforce` during a cut
+/// enforces each client's cut with the state of its shadow key, which followed the
+/// cut, under every rate algorithm: a client that spent its cut's share during the
+/// cut (8 req/s against 3) is admitted over the next second as on a route in `enforce`
+/// all along. A client the shadow table never saw (one seen before the cut only) is
+/// carried from the enforced table: every key comes over. Each key came from the one
+/// that held the base: the token bucket admitted 5 against 3, the leaky bucket 7
+/// against 3, and the sliding window, which had counted the base's admissions, none
+/// against 2.
+#[test]
+fn a_keyed_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_its_shadow_keys_counted(
+) {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let run = |mode: Mode| {
+            let cfg = |mode: Mode| {
+                let mut v = ten_per_ip_cut_to_three("ip", 100);
+                v.mode = mode;
+                v.algorithm = algorithm;
+                v
+            };
+            let (e, id) = ip_cut_at_eleven(cfg(mode));
+            offer(&e, id, ip(2), 11.0, 12.5, 8.0);
+            let at = Nanos::from_millis(12_500);
+            let moved = (mode != Mode::Enforce).then(|| cfg(Mode::Enforce));
+            let (e, id) = reloaded_or_not(e, id, moved, at);
+            let s = e.route_snapshot(id, at).unwrap();
+            assert_eq!((s.state, s.keys), (ControllerState::Cut, 2), "{name}");
+            let spent = offer(&e, id, ip(2), 12.5, 13.5, 8.0).0;
+            let unseen = offer(&e, id, ip(1), 12.5, 13.5, 8.0).0;
+            let s = e.route_snapshot(id, Nanos::from_millis(13_500)).unwrap();
+            assert_eq!(s.state, ControllerState::Cut, "{name}");
+            (spent, unseen)
+        };
+        assert_eq!(run(Mode::ShadowAdaptive), run(Mode::Enforce), "{name}");
+    }
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to

@@ -150,13 +150,36 @@ impl Keys {
     /// key comes in at its limit with this route's controller at `progress` between
     /// its cut and base limits (a cut the reload carried is in force from the start).
     /// Nothing unless both are keys of one algorithm and kind.
-    pub(super) fn take_over(&mut self, from: &Keys, queue: u32, progress: f64) {
+    ///
+    /// `cut`: the shadow keys of `from`'s route, a `shadow_adaptive` one in a cut that
+    /// this route enforces (it is not `shadow_adaptive`): a rate algorithm's key that
+    /// `cut` holds takes the state of `cut`'s, which followed the cut, not of `from`'s,
+    /// which held the base; every other key of `from`, and the shared overflow and
+    /// keyless states, come from `from`.
+    pub(super) fn take_over(&mut self, from: &Keys, cut: Option<&Keys>, queue: u32, progress: f64) {
         let p = progress;
+        // `cut`'s tables of the key state `$v`.
+        macro_rules! cut {
+            ($v:ident) => {
+                cut.and_then(|c| match c {
+                    Keys::$v(c) => Some(c),
+                    _ => None,
+                })
+            };
+        }
         match (self, from) {
-            (Keys::Bucket(new), Keys::Bucket(old)) => new.carry(old, false, p, BucketKey::carried),
-            (Keys::Fixed(new), Keys::Fixed(old)) => new.carry(old, false, p, WordKey::carried),
-            (Keys::Sliding(new), Keys::Sliding(old)) => new.carry(old, false, p, WordKey::carried),
-            (Keys::Leaky(new), Keys::Leaky(old)) => new.carry(old, false, p, WordKey::carried),
+            (Keys::Bucket(new), Keys::Bucket(old)) => {
+                new.carry(old, cut!(Bucket), false, p, BucketKey::carried)
+            }
+            (Keys::Fixed(new), Keys::Fixed(old)) => {
+                new.carry(old, cut!(Fixed), false, p, WordKey::carried)
+            }
+            (Keys::Sliding(new), Keys::Sliding(old)) => {
+                new.carry(old, cut!(Sliding), false, p, WordKey::carried)
+            }
+            (Keys::Leaky(new), Keys::Leaky(old)) => {
+                new.carry(old, cut!(Leaky), false, p, WordKey::carried)
+            }
             (Keys::Concurrency(KeyTables::Ip(new)), Keys::Concurrency(KeyTables::Ip(old))) => {
                 new.take_over(old, queue, p)
             }
@@ -215,18 +238,30 @@ impl Keys {
 }
 
 impl<E: KeyState> KeyTables<E> {
-    /// [`KeyTable::carry`] between tables of one key kind; nothing between two kinds.
+    /// [`KeyTable::carry`] between tables of one key kind; nothing between two kinds
+    /// (and no `cut` of another kind).
     fn carry(
         &mut self,
         from: &Self,
+        cut: Option<&Self>,
         all: bool,
         progress: f64,
         carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
     ) {
         match (self, from) {
-            (KeyTables::Ip(new), KeyTables::Ip(old)) => new.carry(old, all, progress, carried),
+            (KeyTables::Ip(new), KeyTables::Ip(old)) => {
+                let cut = cut.and_then(|c| match c {
+                    KeyTables::Ip(c) => Some(c),
+                    KeyTables::Value(_) => None,
+                });
+                new.carry(old, cut, all, progress, carried)
+            }
             (KeyTables::Value(new), KeyTables::Value(old)) => {
-                new.carry(old, all, progress, carried)
+                let cut = cut.and_then(|c| match c {
+                    KeyTables::Value(c) => Some(c),
+                    KeyTables::Ip(_) => None,
+                });
+                new.carry(old, cut, all, progress, carried)
             }
             _ => {}
         }
@@ -987,6 +1022,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K, ConcurrencyKey> {
         // Every key, whatever `max_keys`: a permit held must be counted.
         self.carry(
             from,
+            None,
             true,
             progress,
             |old: &ConcurrencyKey, tiers, progress, _| {
@@ -1267,12 +1303,18 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// limiter's, the table full). A key of a tier is kept, as it takes a place beyond
     /// `max_keys` anyway.
     ///
+    /// `cut_keys`: a table of the same keys whose state stands in for `from`'s where it
+    /// holds the key (a `shadow_adaptive` route's shadow table, which followed the
+    /// cut, for a route that enforces it: see [`Keys::take_over`]); which keys are
+    /// carried is still `from`'s.
+    ///
     /// `from`'s route decides on until the new engine is put in force: a key first
     /// seen there after it is read is not carried, and a request decided there after
     /// its key is read is not counted here.
     fn carry(
         &mut self,
         from: &Self,
+        cut_keys: Option<&Self>,
         all: bool,
         route_progress: f64,
         carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
@@ -1312,7 +1354,11 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
                     untiered += 1;
                 }
             }
-            map.insert(entry.key().clone(), carried(key, &self.tiers, progress, at));
+            let followed = cut_keys
+                .and_then(|c| c.map.get()?.get(entry.key()))
+                .map(|c| carried(c.value(), &self.tiers, progress, at));
+            let state = followed.unwrap_or_else(|| carried(key, &self.tiers, progress, at));
+            map.insert(entry.key().clone(), state);
             self.len.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -469,10 +469,13 @@ impl Engine {
     /// recently seen up to a smaller `max_keys` (and every key of a tier). So does a
     /// `shadow_adaptive` route's shadow key table, which follows the cut (a route the
     /// reload moves into `shadow_adaptive` builds it from its keys, which followed the
-    /// cut). A route limited as a whole carries its limiter's state the same way, and
-    /// a partitioned route its `route_limit` total's, each by the limit it holds (the
-    /// cut's, or the base's: a twin's, a `shadow_adaptive` route's; the cut's where
-    /// the old route held none at the base), where the new route has one of the same
+    /// cut); a route the reload moves out of `shadow_adaptive` during a cut takes each
+    /// key from that table where it holds the key (it is filled only during cuts), from
+    /// the keys that held the base otherwise. A route limited as a whole carries its
+    /// limiter's state the same way, and a partitioned route its `route_limit`
+    /// total's, each by the limit it holds (the cut's, or the base's: a twin's, a
+    /// `shadow_adaptive` route's; the cut's where the old route held none at the
+    /// base), where the new route has one of the same
     /// algorithm: a token bucket's tokens (any burst, converted to the new rate and
     /// capacity), a window counter's counts (a window of the same length), a leaky
     /// bucket's schedule (any queue). A limiter of another algorithm, or a window
@@ -595,7 +598,18 @@ impl Engine {
                                 Some(Some(Shadow::Keys(old))) => Some(&**old),
                                 _ => Some(keys),
                             };
-                            keys_handed.push((i, keys, queue, shadow));
+                            // A route moved out of shadow_adaptive during a cut enforces
+                            // it: a key its shadow table holds comes from there, not from
+                            // the key that held the base. (Outside a cut the shadow keys
+                            // are not tried, and stand where the last cut left them.)
+                            let cut = before
+                                .filter(|_| cfg.mode != Mode::ShadowAdaptive)
+                                .filter(|r| r.engaged.load(Ordering::Relaxed))
+                                .and_then(|r| match &r.shadow {
+                                    Some(Shadow::Keys(old)) => Some(&**old),
+                                    _ => None,
+                                });
+                            keys_handed.push((i, keys, cut, queue, shadow));
                         }
                         let written_over = &cfg.controller;
                         let carried = carried.map(|memory| (memory, self.hook.as_ref()));
@@ -623,7 +637,7 @@ impl Engine {
         for (i, old) in states_carried {
             engine.routes[i].route.take_state(old, now);
         }
-        for (i, old, queue, old_shadow) in keys_handed {
+        for (i, old, cut, queue, old_shadow) in keys_handed {
             let built = engine
                 .routes
                 .get_mut(i)
@@ -632,10 +646,10 @@ impl Engine {
                 // The carried controller's, as `Route::start` put it in force.
                 let progress = f64::from_bits(r.progress.load(Ordering::Relaxed));
                 if let Some(p) = r.partitioned.as_mut() {
-                    p.keys.take_over(old, queue, progress);
+                    p.keys.take_over(old, cut, queue, progress);
                 }
                 if let (Some(Shadow::Keys(new)), Some(old)) = (r.shadow.as_mut(), old_shadow) {
-                    new.take_over(old, queue, progress);
+                    new.take_over(old, None, queue, progress);
                 }
             }
         }
