@@ -1766,6 +1766,46 @@ fn a_keyed_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_its_
     }
 }
 
+/// A reload that moves a keyed route out of `shadow_adaptive` outside a cut takes
+/// every key from the table that enforced the base, and none from its shadow table,
+/// which stands where the last cut left it: a client that spent its cut's share at
+/// 11 s (40 at once against 30 at the cut, 100 at the base, a burst of 10 s) holds at
+/// 14 s, the controller back to normal, the 90 tokens its base key holds, as on the
+/// route never reloaded, not the 9 its shadow key would.
+#[test]
+fn a_keyed_route_moved_out_of_shadow_adaptive_after_a_cut_ignores_its_stale_shadow_keys() {
+    let cfg = |mode: Mode| {
+        let mut v = ten_per_ip_cut_to_three("ip", 100);
+        v.mode = mode;
+        v.algorithm = Algorithm::TokenBucket {
+            burst: Duration::from_secs(10),
+        };
+        v.controller.max_cut = Duration::from_secs(1);
+        v.controller.restore_step_rps = 100.0;
+        v.controller.restore_interval = Duration::from_millis(100);
+        v
+    };
+    let run = |moved: bool| {
+        let (e, id) = ip_cut_at_eleven(cfg(Mode::ShadowAdaptive));
+        let cut_at = Nanos::from_secs(11);
+        assert_eq!(admitted_at_once(&e, id, ip(2), 40, cut_at), 40);
+        let s = e.route_snapshot(id, cut_at).unwrap();
+        assert_eq!(
+            s.shadow_rejected_for(Reason::RocCut),
+            10,
+            "the cut's share spent"
+        );
+        offer(&e, id, ip(3), 11.5, 14.0, 4.0);
+        let at = Nanos::from_secs(14);
+        let s = e.route_snapshot(id, at).unwrap();
+        assert_eq!(s.state, ControllerState::Normal);
+        let (e, id) = reloaded_or_not(e, id, moved.then(|| cfg(Mode::Enforce)), at);
+        admitted_at_once(&e, id, ip(2), 200, at)
+    };
+    assert_eq!(run(false), 90, "never reloaded");
+    assert_eq!(run(true), 90, "moved to enforce");
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to
