@@ -1806,6 +1806,84 @@ fn a_keyed_route_moved_out_of_shadow_adaptive_after_a_cut_ignores_its_stale_shad
     assert_eq!(run(true), 90, "moved to enforce");
 }
 
+/// A reload that moves a keyed route out of `shadow_adaptive` during a cut takes no
+/// key from its shadow table that was last tried in an earlier cut: a client seen
+/// once in a first cut (at 11 s), restored from at 12 s, that spends its base at
+/// 20 s, just before a second cut, comes over as the base left it, as one the first
+/// cut never saw, under every rate algorithm. Its shadow key, standing where the
+/// first cut left it, was taken: a token bucket of a 10 s burst handed it 30 tokens,
+/// a full bucket at the cut, against 10.
+#[test]
+fn a_keyed_route_moved_out_of_shadow_adaptive_in_a_later_cut_takes_no_key_of_an_earlier_one() {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let cfg = |mode: Mode| {
+            let mut v = ten_per_ip_cut_to_three("ip", 100);
+            v.mode = mode;
+            v.algorithm = match algorithm {
+                Algorithm::TokenBucket { .. } => Algorithm::TokenBucket {
+                    burst: Duration::from_secs(10),
+                },
+                other => other,
+            };
+            v.controller.max_cut = Duration::from_secs(1);
+            v.controller.restore_step_rps = 100.0;
+            v.controller.restore_interval = Duration::from_millis(100);
+            v
+        };
+        let run = |seen_in_first_cut: bool| {
+            let (e, id) = ip_cut_at_eleven(cfg(Mode::ShadowAdaptive));
+            if seen_in_first_cut {
+                assert!(e.check(id, ip(2), Nanos::from_secs(11)).is_admit());
+            }
+            offer(&e, id, ip(3), 11.5, 20.0, 4.0);
+            let s = e.route_snapshot(id, Nanos::from_secs(20)).unwrap();
+            assert_eq!(s.state, ControllerState::Normal, "{name}");
+            admitted_at_once(&e, id, ip(2), 200, Nanos::from_secs(20));
+            offer(&e, id, Key::None, 20.0, 21.0, 500.0);
+            let at = Nanos::from_millis(20_900);
+            let s = e.route_snapshot(id, at).unwrap();
+            assert_eq!(s.state, ControllerState::Cut, "{name}");
+            let (e, id) = reloaded_or_not(e, id, Some(cfg(Mode::Enforce)), at);
+            admitted_at_once(&e, id, ip(2), 200, at)
+        };
+        assert_eq!(run(true), run(false), "{name}");
+    }
+}
+
+/// A cut that a reload carries began when the old route's did: a keyed
+/// `shadow_adaptive` route rebuilt at 14 s during a cut (a larger `max_keys`), then
+/// moved to `enforce`, takes a client's key from its shadow table, which the cut
+/// drained until 13.875 s, as on a route in `enforce` all along, under every rate
+/// algorithm. Dated from the first
+/// reload, the cut began after the key was last seen: it came from the table that
+/// held the base.
+#[test]
+fn a_cut_carried_by_a_reload_began_when_the_old_routes_did() {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let cfg = |mode: Mode, max_keys: usize| {
+            let mut v = ten_per_ip_cut_to_three("ip", max_keys);
+            v.mode = mode;
+            v.algorithm = algorithm;
+            v
+        };
+        let run = |mode: Mode| {
+            let (e, id) = ip_cut_at_eleven(cfg(mode, 100));
+            offer(&e, id, ip(2), 11.0, 13.875, 8.0);
+            let at = Nanos::from_secs(14);
+            let rebuilt = (mode != Mode::Enforce).then(|| cfg(mode, 200));
+            let (e, id) = reloaded_or_not(e, id, rebuilt, at);
+            let moved = (mode != Mode::Enforce).then(|| cfg(Mode::Enforce, 100));
+            let (e, id) = reloaded_or_not(e, id, moved, at);
+            let s = e.route_snapshot(id, at).unwrap();
+            assert_eq!(s.state, ControllerState::Cut, "{name}");
+            offer(&e, id, ip(2), 14.0, 15.0, 8.0).0
+        };
+        assert_eq!(run(Mode::ShadowAdaptive), run(Mode::Enforce), "{name}");
+    }
+}
+
 /// A reload keeps each route's state for the new route of the same name, matcher and
 /// structure, wherever it moved in the table, and for no other: not for a route that
 /// took its name or its matcher, nor for one renamed; and each runtime change goes to

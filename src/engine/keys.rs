@@ -152,17 +152,25 @@ impl Keys {
     /// Nothing unless both are keys of one algorithm and kind.
     ///
     /// `cut`: the shadow keys of `from`'s route, a `shadow_adaptive` one in a cut that
-    /// this route enforces (it is not `shadow_adaptive`): a rate algorithm's key that
-    /// `cut` holds takes the state of `cut`'s, which followed the cut, not of `from`'s,
-    /// which held the base; every other key of `from`, and the shared overflow and
-    /// keyless states, come from `from`.
-    pub(super) fn take_over(&mut self, from: &Keys, cut: Option<&Keys>, queue: u32, progress: f64) {
+    /// this route enforces (it is not `shadow_adaptive`), and when that cut began: a
+    /// rate algorithm's key that `cut` holds and last saw in the cut's second or later
+    /// takes the state of `cut`'s, which followed the cut, not of `from`'s, which held
+    /// the base; every other key of `from` (one `cut` last saw in an earlier cut, which
+    /// it stands where that cut left), and the shared overflow and keyless states, come
+    /// from `from`.
+    pub(super) fn take_over(
+        &mut self,
+        from: &Keys,
+        cut: Option<(&Keys, Nanos)>,
+        queue: u32,
+        progress: f64,
+    ) {
         let p = progress;
         // `cut`'s tables of the key state `$v`.
         macro_rules! cut {
             ($v:ident) => {
-                cut.and_then(|c| match c {
-                    Keys::$v(c) => Some(c),
+                cut.and_then(|(c, since)| match c {
+                    Keys::$v(c) => Some((c, since)),
                     _ => None,
                 })
             };
@@ -243,22 +251,22 @@ impl<E: KeyState> KeyTables<E> {
     fn carry(
         &mut self,
         from: &Self,
-        cut: Option<&Self>,
+        cut: Option<(&Self, Nanos)>,
         all: bool,
         progress: f64,
         carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
     ) {
         match (self, from) {
             (KeyTables::Ip(new), KeyTables::Ip(old)) => {
-                let cut = cut.and_then(|c| match c {
-                    KeyTables::Ip(c) => Some(c),
+                let cut = cut.and_then(|(c, since)| match c {
+                    KeyTables::Ip(c) => Some((c, secs(since))),
                     KeyTables::Value(_) => None,
                 });
                 new.carry(old, cut, all, progress, carried)
             }
             (KeyTables::Value(new), KeyTables::Value(old)) => {
-                let cut = cut.and_then(|c| match c {
-                    KeyTables::Value(c) => Some(c),
+                let cut = cut.and_then(|(c, since)| match c {
+                    KeyTables::Value(c) => Some((c, secs(since))),
                     KeyTables::Ip(_) => None,
                 });
                 new.carry(old, cut, all, progress, carried)
@@ -1304,9 +1312,10 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// `max_keys` anyway.
     ///
     /// `cut_keys`: a table of the same keys whose state stands in for `from`'s where it
-    /// holds the key (a `shadow_adaptive` route's shadow table, which followed the
-    /// cut, for a route that enforces it: see [`Keys::take_over`]); which keys are
-    /// carried is still `from`'s.
+    /// holds the key and last saw it in the given second or later (a `shadow_adaptive`
+    /// route's shadow table, which followed the cut since it began then, for a route
+    /// that enforces it: see [`Keys::take_over`]); which keys are carried is still
+    /// `from`'s.
     ///
     /// `from`'s route decides on until the new engine is put in force: a key first
     /// seen there after it is read is not carried, and a request decided there after
@@ -1314,7 +1323,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     fn carry(
         &mut self,
         from: &Self,
-        cut_keys: Option<&Self>,
+        cut_keys: Option<(&Self, u32)>,
         all: bool,
         route_progress: f64,
         carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
@@ -1355,7 +1364,12 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
                 }
             }
             let followed = cut_keys
-                .and_then(|c| c.map.get()?.get(entry.key()))
+                .and_then(|(c, since)| {
+                    c.map
+                        .get()?
+                        .get(entry.key())
+                        .filter(|c| c.seen_s() >= since)
+                })
                 .map(|c| carried(c.value(), &self.tiers, progress, at));
             let state = followed.unwrap_or_else(|| carried(key, &self.tiers, progress, at));
             map.insert(entry.key().clone(), state);

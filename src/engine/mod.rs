@@ -320,6 +320,11 @@ struct Route {
     progress: AtomicU64,
     /// Whether the controller holds the limit below base.
     engaged: AtomicBool,
+    /// When `engaged` last became true (ns on the engine's clock), or, on a route
+    /// rebuilt by a reload that carried the cut, when the old route's did: a
+    /// `shadow_adaptive` route's shadow key last seen before then was last tried in an
+    /// earlier cut.
+    engaged_since: AtomicU64,
     /// The limit enforced now (the controller's, or in `shadow_adaptive` the base
     /// limit), as f64 bits.
     limit: AtomicU64,
@@ -470,8 +475,9 @@ impl Engine {
     /// `shadow_adaptive` route's shadow key table, which follows the cut (a route the
     /// reload moves into `shadow_adaptive` builds it from its keys, which followed the
     /// cut); a route the reload moves out of `shadow_adaptive` during a cut takes each
-    /// key from that table where it holds the key (it is filled only during cuts), from
-    /// the keys that held the base otherwise. A route limited as a whole carries its
+    /// key from that table where it saw the key since the cut began (it is filled only
+    /// during cuts, and a key last seen in an earlier cut stands where that cut left
+    /// it), from the keys that held the base otherwise. A route limited as a whole carries its
     /// limiter's state the same way, and a partitioned route its `route_limit`
     /// total's, each by the limit it holds (the cut's, or the base's: a twin's, a
     /// `shadow_adaptive` route's; the cut's where the old route held none at the
@@ -599,14 +605,18 @@ impl Engine {
                                 _ => Some(keys),
                             };
                             // A route moved out of shadow_adaptive during a cut enforces
-                            // it: a key its shadow table holds comes from there, not from
-                            // the key that held the base. (Outside a cut the shadow keys
-                            // are not tried, and stand where the last cut left them.)
+                            // it: a key its shadow table tried in this cut comes from
+                            // there, not from the key that held the base. (Outside a cut
+                            // the shadow keys are not tried, and stand where the last cut
+                            // left them.)
                             let cut = before
                                 .filter(|_| cfg.mode != Mode::ShadowAdaptive)
                                 .filter(|r| r.engaged.load(Ordering::Relaxed))
                                 .and_then(|r| match &r.shadow {
-                                    Some(Shadow::Keys(old)) => Some(&**old),
+                                    Some(Shadow::Keys(old)) => {
+                                        let since = r.engaged_since.load(Ordering::Relaxed);
+                                        Some((&**old, Nanos::new(since)))
+                                    }
                                     _ => None,
                                 });
                             keys_handed.push((i, keys, cut, queue, shadow));
@@ -614,6 +624,13 @@ impl Engine {
                         let written_over = &cfg.controller;
                         let carried = carried.map(|memory| (memory, self.hook.as_ref()));
                         let route = Route::new(&own, written_over, now, wall_now, handed, carried);
+                        // A cut carried began when the old route's did, not at the reload.
+                        if let Some(r) = before.filter(|r| r.engaged.load(Ordering::Relaxed)) {
+                            if route.engaged.load(Ordering::Relaxed) {
+                                let since = r.engaged_since.load(Ordering::Relaxed);
+                                route.engaged_since.store(since, Ordering::Relaxed);
+                            }
+                        }
                         // The keys the route refused since the hints history last took
                         // them, read, not taken: the old engine decides on until the
                         // swap, and its route is dropped with it.
@@ -1978,6 +1995,7 @@ impl Route {
             changed_at: AtomicU64::new(now.as_u64()),
             progress: AtomicU64::new(1.0f64.to_bits()),
             engaged: AtomicBool::new(false),
+            engaged_since: AtomicU64::new(0),
             limit: AtomicU64::new(p.base_limit_rps.to_bits()),
             next_raise: AtomicU64::new(0),
             partition: cfg.partition.clone(),
@@ -2277,10 +2295,11 @@ impl Route {
             limit
         };
         self.limit.store(enforced.to_bits(), Ordering::Relaxed);
-        self.engaged.store(
-            c.state() != ControllerState::Normal && limit < base,
-            Ordering::Relaxed,
-        );
+        let engaged = c.state() != ControllerState::Normal && limit < base;
+        if engaged && !self.engaged.load(Ordering::Relaxed) {
+            self.engaged_since.store(now.as_u64(), Ordering::Relaxed);
+        }
+        self.engaged.store(engaged, Ordering::Relaxed);
         self.changed_at.store(now.as_u64(), Ordering::Relaxed);
         // `SeqCst`, then read the concurrency keys' queues (`wake_queued`): see
         // `ConcurrencyKey::check`. Not once the keys are handed over: their limit is
