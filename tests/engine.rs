@@ -1133,6 +1133,38 @@ fn a_keyed_route_moved_into_shadow_adaptive_during_a_cut_enforces_the_total_left
     assert_eq!(run(Mode::Enforce), all_along);
 }
 
+/// A reload that moves a keyed route with a `route_limit` from `shadow_adaptive` to
+/// `enforce` during a cut enforces the cut's total (6 of 20) on the tokens the shadow
+/// total left, which the cut's admissions drained: new clients after it are refused
+/// as on a route in `enforce` all along. The total that held the base (8 of its 20
+/// taken) would have left them 6.
+#[test]
+fn a_keyed_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_total_left() {
+    let run = |mode: Mode| {
+        let cfg = |mode: Mode| {
+            let mut v = ten_per_ip_cut_to_three("ip", 100);
+            v.route_limit_rps = Some(20.0);
+            v.mode = mode;
+            v
+        };
+        let (e, id) = ip_cut_at_eleven(cfg(mode));
+        let at = Nanos::from_secs(11);
+        let drained: usize = (100..108)
+            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
+            .sum();
+        let enforced = if mode == Mode::Enforce { 6 } else { 8 };
+        assert_eq!(drained, enforced, "{mode:?}");
+        let moved = (mode != Mode::Enforce).then(|| cfg(Mode::Enforce));
+        let (e, id) = reloaded_or_not(e, id, moved, at);
+        (200..230)
+            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
+            .sum::<usize>()
+    };
+    let all_along = run(Mode::Enforce);
+    assert_eq!(all_along, 0);
+    assert_eq!(run(Mode::ShadowAdaptive), all_along);
+}
+
 /// A partitioned route's `route_limit` total is carried by a reload that rebuilds the
 /// route, as its keys are: drained by three clients, it still refuses a fourth, new
 /// one, and half a second later has the 5 its rate brings. It started full: the
