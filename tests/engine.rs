@@ -1798,6 +1798,42 @@ fn a_keyed_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_its_
     }
 }
 
+/// A reload that moves a keyed route from `shadow_adaptive` to `shadow` during a cut
+/// counts each client's would-be refusals on the state of its shadow key, which
+/// followed the cut, under every rate algorithm: a client that spent its cut's share
+/// (8 req/s against 3) is counted over the next second (`roc_cut`, the leaky bucket's
+/// `queue_full`) as on a route in `shadow` all along, and admitted throughout.
+#[test]
+fn a_keyed_route_moved_from_shadow_adaptive_to_shadow_during_a_cut_counts_the_cut_its_shadow_keys_counted(
+) {
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        let run = |mode: Mode| {
+            let cfg = |mode: Mode| {
+                let mut v = ten_per_ip_cut_to_three("ip", 100);
+                v.mode = mode;
+                v.algorithm = algorithm;
+                v
+            };
+            let (e, id) = ip_cut_at_eleven(cfg(mode));
+            offer(&e, id, ip(2), 11.0, 12.5, 8.0);
+            let at = Nanos::from_millis(12_500);
+            let moved = (mode != Mode::Shadow).then(|| cfg(Mode::Shadow));
+            let (e, id) = reloaded_or_not(e, id, moved, at);
+            let before = e.route_snapshot(id, at).unwrap();
+            assert_eq!(before.state, ControllerState::Cut, "{name}");
+            let (admitted, _) = offer(&e, id, ip(2), 12.5, 13.5, 8.0);
+            let after = e.route_snapshot(id, Nanos::from_millis(13_500)).unwrap();
+            assert_eq!(admitted, 8, "{name}");
+            let counted = |s: &Vec<(Reason, u64)>| s.iter().map(|(_, n)| n).sum::<u64>();
+            counted(&after.shadow_rejected) - counted(&before.shadow_rejected)
+        };
+        let all_along = run(Mode::Shadow);
+        assert!(all_along > 0, "{name}");
+        assert_eq!(run(Mode::ShadowAdaptive), all_along, "{name}");
+    }
+}
+
 /// A reload that moves a keyed route out of `shadow_adaptive` outside a cut takes
 /// every key from the table that enforced the base, and none from its shadow table,
 /// which stands where the last cut left it: a client that spent its cut's share at
