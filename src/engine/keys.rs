@@ -152,7 +152,7 @@ impl Keys {
     /// Nothing unless both are keys of one algorithm and kind.
     ///
     /// `cut`: the shadow keys of `from`'s route, a `shadow_adaptive` one in a cut that
-    /// this route enforces (it is not `shadow_adaptive`), and when that cut began: a
+    /// this route enforces (it is not `shadow_adaptive`), and the second that cut began: a
     /// rate algorithm's key that `cut` holds and last saw in the cut's second or later
     /// takes the state of `cut`'s, which followed the cut, not of `from`'s, which held
     /// the base; every other key of `from` (one `cut` last saw in an earlier cut, which
@@ -161,7 +161,7 @@ impl Keys {
     pub(super) fn take_over(
         &mut self,
         from: &Keys,
-        cut: Option<(&Keys, Nanos)>,
+        cut: Option<(&Keys, u32)>,
         queue: u32,
         progress: f64,
     ) {
@@ -251,7 +251,7 @@ impl<E: KeyState> KeyTables<E> {
     fn carry(
         &mut self,
         from: &Self,
-        cut: Option<(&Self, Nanos)>,
+        cut: Option<(&Self, u32)>,
         all: bool,
         progress: f64,
         carried: impl Fn(&E, &TierTable, f64, Nanos) -> E,
@@ -259,14 +259,14 @@ impl<E: KeyState> KeyTables<E> {
         match (self, from) {
             (KeyTables::Ip(new), KeyTables::Ip(old)) => {
                 let cut = cut.and_then(|(c, since)| match c {
-                    KeyTables::Ip(c) => Some((c, secs(since))),
+                    KeyTables::Ip(c) => Some((c, since)),
                     KeyTables::Value(_) => None,
                 });
                 new.carry(old, cut, all, progress, carried)
             }
             (KeyTables::Value(new), KeyTables::Value(old)) => {
                 let cut = cut.and_then(|(c, since)| match c {
-                    KeyTables::Value(c) => Some((c, secs(since))),
+                    KeyTables::Value(c) => Some((c, since)),
                     KeyTables::Ip(_) => None,
                 });
                 new.carry(old, cut, all, progress, carried)
@@ -515,7 +515,7 @@ pub(super) trait KeyState: Send + Sync {
 }
 
 /// Whole seconds on the engine's clock, as kept per key (136 years fit).
-fn secs(now: Nanos) -> u32 {
+pub(super) fn secs(now: Nanos) -> u32 {
     u32::try_from(now.as_u64() / 1_000_000_000).unwrap_or(u32::MAX)
 }
 

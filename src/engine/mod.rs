@@ -53,7 +53,9 @@ use crate::limiter::{
     Admit, Algorithm, Concurrency, Decision, Level, Limiter, Pace, Reason, Rejection, TokenBucket,
 };
 use crate::route_index::RouteIndex;
-use crate::sync::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Mutex, MutexGuard, Ordering};
+use crate::sync::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Mutex, MutexGuard, Ordering,
+};
 use crate::window::{RocSample, SampleAt, SlotCounter, SlotRing, WindowSpec};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -320,11 +322,6 @@ struct Route {
     progress: AtomicU64,
     /// Whether the controller holds the limit below base.
     engaged: AtomicBool,
-    /// When `engaged` last became true (ns on the engine's clock), or, on a route
-    /// rebuilt by a reload that carried the cut, when the old route's did: a
-    /// `shadow_adaptive` route's shadow key last seen before then was last tried in an
-    /// earlier cut.
-    engaged_since: AtomicU64,
     /// The limit enforced now (the controller's, or in `shadow_adaptive` the base
     /// limit), as f64 bits.
     limit: AtomicU64,
@@ -344,6 +341,11 @@ struct Partitioned {
     /// On a route with tiers, when the controller's progress between cut and base
     /// will next rise, which raises a tier's key limits (as [`Route::next_raise`]).
     next_tier_raise: AtomicU64,
+    /// When the route's [`engaged`](Route::engaged) last became true (whole seconds on
+    /// the engine's clock), or, on a route rebuilt by a reload that carried the cut,
+    /// when the old route's did: a `shadow_adaptive` route's shadow key last seen
+    /// before then was last tried in an earlier cut.
+    engaged_since_s: AtomicU32,
 }
 
 struct RouteState {
@@ -614,8 +616,8 @@ impl Engine {
                                 .filter(|r| r.engaged.load(Ordering::Relaxed))
                                 .and_then(|r| match &r.shadow {
                                     Some(Shadow::Keys(old)) => {
-                                        let since = r.engaged_since.load(Ordering::Relaxed);
-                                        Some((&**old, Nanos::new(since)))
+                                        let since = &r.partitioned.as_deref()?.engaged_since_s;
+                                        Some((&**old, since.load(Ordering::Relaxed)))
                                     }
                                     _ => None,
                                 });
@@ -625,11 +627,14 @@ impl Engine {
                         let carried = carried.map(|memory| (memory, self.hook.as_ref()));
                         let route = Route::new(&own, written_over, now, wall_now, handed, carried);
                         // A cut carried began when the old route's did, not at the reload.
-                        if let Some(r) = before.filter(|r| r.engaged.load(Ordering::Relaxed)) {
-                            if route.engaged.load(Ordering::Relaxed) {
-                                let since = r.engaged_since.load(Ordering::Relaxed);
-                                route.engaged_since.store(since, Ordering::Relaxed);
-                            }
+                        let engaged = |r: &Route| r.engaged.load(Ordering::Relaxed);
+                        let old = before
+                            .filter(|r| engaged(r))
+                            .and_then(|r| r.partitioned.as_deref());
+                        let new = route.partitioned.as_deref().filter(|_| engaged(&route));
+                        if let (Some(old), Some(new)) = (old, new) {
+                            let since = old.engaged_since_s.load(Ordering::Relaxed);
+                            new.engaged_since_s.store(since, Ordering::Relaxed);
                         }
                         // The keys the route refused since the hints history last took
                         // them, read, not taken: the old engine decides on until the
@@ -1978,6 +1983,7 @@ impl Route {
             partitioned: keys.map(|keys| {
                 Box::new(Partitioned {
                     keys,
+                    engaged_since_s: AtomicU32::new(0),
                     aggregate: cfg.route_limit_rps.map(|own| {
                         // The running event's, if it sets one: a route built during an
                         // event starts at its total, full, as it starts at its profile.
@@ -1995,7 +2001,6 @@ impl Route {
             changed_at: AtomicU64::new(now.as_u64()),
             progress: AtomicU64::new(1.0f64.to_bits()),
             engaged: AtomicBool::new(false),
-            engaged_since: AtomicU64::new(0),
             limit: AtomicU64::new(p.base_limit_rps.to_bits()),
             next_raise: AtomicU64::new(0),
             partition: cfg.partition.clone(),
@@ -2296,8 +2301,10 @@ impl Route {
         };
         self.limit.store(enforced.to_bits(), Ordering::Relaxed);
         let engaged = c.state() != ControllerState::Normal && limit < base;
-        if engaged && !self.engaged.load(Ordering::Relaxed) {
-            self.engaged_since.store(now.as_u64(), Ordering::Relaxed);
+        if let Some(p) = self.partitioned.as_deref() {
+            if engaged && !self.engaged.load(Ordering::Relaxed) {
+                p.engaged_since_s.store(keys::secs(now), Ordering::Relaxed);
+            }
         }
         self.engaged.store(engaged, Ordering::Relaxed);
         self.changed_at.store(now.as_u64(), Ordering::Relaxed);
