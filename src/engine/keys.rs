@@ -152,12 +152,12 @@ impl Keys {
     /// Nothing unless both are keys of one algorithm and kind.
     ///
     /// `cut`: the shadow keys of `from`'s route, a `shadow_adaptive` one in a cut that
-    /// this route enforces (it is not `shadow_adaptive`), and the second that cut began: a
-    /// rate algorithm's key that `cut` holds and last saw in the cut's second or later
-    /// takes the state of `cut`'s, which followed the cut, not of `from`'s, which held
-    /// the base; every other key of `from` (one `cut` last saw in an earlier cut, which
-    /// it stands where that cut left), and the shared overflow and keyless states, come
-    /// from `from`.
+    /// this route enforces (it is not `shadow_adaptive`), and the second that cut
+    /// began: a rate algorithm's key that `cut` last saw in that second or later takes
+    /// the state of `cut`'s, which followed the cut, not of `from`'s, which held the
+    /// base; every other key of `from` (one `cut` last saw in an earlier cut stands
+    /// where that cut left it), and the shared overflow and keyless states, come from
+    /// `from`.
     pub(super) fn take_over(
         &mut self,
         from: &Keys,
