@@ -1102,6 +1102,29 @@ fn a_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_it_counted
     }
 }
 
+/// A keyed route with a `route_limit` of 20 in `mode`, cut at 11 s ([`ip_cut_at_eleven`]),
+/// offered one request by each of `drainers` new clients at 11 s, then moved by a reload
+/// to `to` (unless it is in it): how many of the drainers it admitted, and how many of
+/// 30 new clients after them.
+fn total_left_by_a_move(mode: Mode, to: Mode, drainers: u32) -> (usize, usize) {
+    let cfg = |mode: Mode| {
+        let mut v = ten_per_ip_cut_to_three("ip", 100);
+        v.route_limit_rps = Some(20.0);
+        v.mode = mode;
+        v
+    };
+    let (e, id) = ip_cut_at_eleven(cfg(mode));
+    let at = Nanos::from_secs(11);
+    let drained = (100..100 + drainers)
+        .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
+        .sum();
+    let (e, id) = reloaded_or_not(e, id, (mode != to).then(|| cfg(to)), at);
+    let after = (200..230)
+        .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
+        .sum();
+    (drained, after)
+}
+
 /// A reload that moves a keyed route with a `route_limit` from `enforce` to
 /// `shadow_adaptive` during a cut enforces the total at its configured value on the
 /// tokens the cut's total left: drained by new clients at the cut, it refuses the next
@@ -1109,28 +1132,12 @@ fn a_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_it_counted
 /// clients, does. It started full at its configured 20: 20 more admitted.
 #[test]
 fn a_keyed_route_moved_into_shadow_adaptive_during_a_cut_enforces_the_total_left() {
-    let run = |mode: Mode| {
-        let cfg = |mode: Mode| {
-            let mut v = ten_per_ip_cut_to_three("ip", 100);
-            v.route_limit_rps = Some(20.0);
-            v.mode = mode;
-            v
-        };
-        let (e, id) = ip_cut_at_eleven(cfg(mode));
-        let at = Nanos::from_secs(11);
-        let drained: usize = (100..130)
-            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
-            .sum();
-        assert!(drained > 0, "{mode:?}");
-        let moved = (mode != Mode::ShadowAdaptive).then(|| cfg(Mode::ShadowAdaptive));
-        let (e, id) = reloaded_or_not(e, id, moved, at);
-        (200..230)
-            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
-            .sum::<usize>()
-    };
-    let all_along = run(Mode::ShadowAdaptive);
+    let (drained, all_along) = total_left_by_a_move(Mode::ShadowAdaptive, Mode::ShadowAdaptive, 30);
+    assert!(drained > 0);
     assert_eq!(all_along, 0);
-    assert_eq!(run(Mode::Enforce), all_along);
+    let (drained, moved) = total_left_by_a_move(Mode::Enforce, Mode::ShadowAdaptive, 30);
+    assert!(drained > 0);
+    assert_eq!(moved, all_along);
 }
 
 /// A reload that moves a keyed route with a `route_limit` from `shadow_adaptive` to
@@ -1140,29 +1147,10 @@ fn a_keyed_route_moved_into_shadow_adaptive_during_a_cut_enforces_the_total_left
 /// taken) would have left them 6.
 #[test]
 fn a_keyed_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_total_left() {
-    let run = |mode: Mode| {
-        let cfg = |mode: Mode| {
-            let mut v = ten_per_ip_cut_to_three("ip", 100);
-            v.route_limit_rps = Some(20.0);
-            v.mode = mode;
-            v
-        };
-        let (e, id) = ip_cut_at_eleven(cfg(mode));
-        let at = Nanos::from_secs(11);
-        let drained: usize = (100..108)
-            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
-            .sum();
-        let enforced = if mode == Mode::Enforce { 6 } else { 8 };
-        assert_eq!(drained, enforced, "{mode:?}");
-        let moved = (mode != Mode::Enforce).then(|| cfg(Mode::Enforce));
-        let (e, id) = reloaded_or_not(e, id, moved, at);
-        (200..230)
-            .map(|n| admitted_at_once(&e, id, ip(n), 1, at))
-            .sum::<usize>()
-    };
-    let all_along = run(Mode::Enforce);
-    assert_eq!(all_along, 0);
-    assert_eq!(run(Mode::ShadowAdaptive), all_along);
+    let all_along = total_left_by_a_move(Mode::Enforce, Mode::Enforce, 8);
+    assert_eq!(all_along, (6, 0));
+    let moved = total_left_by_a_move(Mode::ShadowAdaptive, Mode::Enforce, 8);
+    assert_eq!(moved, (8, 0), "8 admitted at the base, none after the move");
 }
 
 /// A partitioned route's `route_limit` total is carried by a reload that rebuilds the
