@@ -1323,7 +1323,7 @@ mod tests {
         assert_eq!(
             error(&file, &[]),
             "t.toml: routes[0].hold: invalid duration \"5s\\u{b}\": holds U+000B, \
-             whitespace that is no space or tab"
+             whitespace other than a space, tab, line break or form feed"
         );
     }
 

@@ -1147,9 +1147,10 @@ fn any_duration(text: String) -> Result<Duration, String> {
         .find(|c| c.is_whitespace() && !c.is_ascii_whitespace())
     {
         return Err(format!(
-            "invalid duration {:?}: holds U+{:04X}, whitespace that is no space or tab",
+            "invalid duration {:?}: holds U+{:04X}, {}",
             quoted(&text),
-            u32::from(c)
+            u32::from(c),
+            "whitespace other than a space, tab, line break or form feed"
         ));
     }
     humantime::parse_duration(text.trim_ascii()).map_err(|e| {
