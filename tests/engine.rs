@@ -1748,6 +1748,22 @@ fn a_keyed_route_that_leaves_enforce_for_shadow_adaptive_during_a_cut_counts_the
     assert_eq!(run(Mode::Enforce), all_along);
 }
 
+/// A keyed route by `algorithm` in `mode` ([`ten_per_ip_cut_to_three`]'s), cut at 11 s
+/// ([`ip_cut_at_eleven`]), its client `ip(2)` at 8 req/s from then to 12.5 s, against
+/// the cut's 3, then moved by a reload at 12.5 s to `to` (unless it is in it).
+fn spent_in_a_cut_then_moved(algorithm: Algorithm, mode: Mode, to: Mode) -> (Engine, RouteId) {
+    let cfg = |mode: Mode| {
+        let mut v = ten_per_ip_cut_to_three("ip", 100);
+        v.mode = mode;
+        v.algorithm = algorithm;
+        v
+    };
+    let (e, id) = ip_cut_at_eleven(cfg(mode));
+    offer(&e, id, ip(2), 11.0, 12.5, 8.0);
+    let at = Nanos::from_millis(12_500);
+    reloaded_or_not(e, id, (mode != to).then(|| cfg(to)), at)
+}
+
 /// A reload that moves a keyed route from `shadow_adaptive` to `enforce` during a cut
 /// enforces each client's cut with the state of its shadow key, which followed the
 /// cut, under every rate algorithm: a client that spent its cut's share during the
@@ -1763,17 +1779,8 @@ fn a_keyed_route_moved_out_of_shadow_adaptive_during_a_cut_enforces_the_cut_its_
     for algorithm in RATE_ALGORITHMS {
         let name = algorithm.name();
         let run = |mode: Mode| {
-            let cfg = |mode: Mode| {
-                let mut v = ten_per_ip_cut_to_three("ip", 100);
-                v.mode = mode;
-                v.algorithm = algorithm;
-                v
-            };
-            let (e, id) = ip_cut_at_eleven(cfg(mode));
-            offer(&e, id, ip(2), 11.0, 12.5, 8.0);
             let at = Nanos::from_millis(12_500);
-            let moved = (mode != Mode::Enforce).then(|| cfg(Mode::Enforce));
-            let (e, id) = reloaded_or_not(e, id, moved, at);
+            let (e, id) = spent_in_a_cut_then_moved(algorithm, mode, Mode::Enforce);
             let s = e.route_snapshot(id, at).unwrap();
             assert_eq!((s.state, s.keys), (ControllerState::Cut, 2), "{name}");
             let spent = offer(&e, id, ip(2), 12.5, 13.5, 8.0).0;
@@ -1797,17 +1804,8 @@ fn a_keyed_route_moved_from_shadow_adaptive_to_shadow_during_a_cut_counts_the_cu
     for algorithm in RATE_ALGORITHMS {
         let name = algorithm.name();
         let run = |mode: Mode| {
-            let cfg = |mode: Mode| {
-                let mut v = ten_per_ip_cut_to_three("ip", 100);
-                v.mode = mode;
-                v.algorithm = algorithm;
-                v
-            };
-            let (e, id) = ip_cut_at_eleven(cfg(mode));
-            offer(&e, id, ip(2), 11.0, 12.5, 8.0);
             let at = Nanos::from_millis(12_500);
-            let moved = (mode != Mode::Shadow).then(|| cfg(Mode::Shadow));
-            let (e, id) = reloaded_or_not(e, id, moved, at);
+            let (e, id) = spent_in_a_cut_then_moved(algorithm, mode, Mode::Shadow);
             let before = e.route_snapshot(id, at).unwrap();
             assert_eq!(before.state, ControllerState::Cut, "{name}");
             let (admitted, _) = offer(&e, id, ip(2), 12.5, 13.5, 8.0);
