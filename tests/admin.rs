@@ -1441,7 +1441,12 @@ async fn odd_numbers_in_a_change_are_refused_or_taken_as_the_file_would() {
         (
             r#"{"base_limit": 1e400}"#,
             400,
-            "base_limit: number out of range at line 1 column 20",
+            r#"base_limit: number out of range, got \"1e400\": past the largest number held"#,
+        ),
+        (
+            r#"{"min_rps": -1E+999}"#,
+            400,
+            r#"min_rps: number out of range, got \"-1E+999\": past the largest number held"#,
         ),
         (
             r#"{"min_rps": 1e-400}"#,

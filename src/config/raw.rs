@@ -4015,17 +4015,21 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
         Problem::new(location, message)
     };
     let mut de = serde_json::Deserializer::from_str(json);
-    let Fields::<serde_json::Value>(fields) =
-        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let (fields, past_largest) = match serde_path_to_error::deserialize(&mut de) {
+        Ok(Fields::<serde_json::Value>(fields)) => {
+            // Whatever follows the object (a second one) would be dropped silently.
+            de.end()
+                .map_err(|e| vec![Problem::new("", e.to_string())])?;
+            (fields, Vec::new())
+        }
+        Err(e) => numbers_past_largest(json).ok_or_else(|| {
             let location = error_location(e.path());
             vec![problem(
                 location.clone(),
                 json_problem(e.inner(), &location),
             )]
-        })?;
-    // Whatever follows the object (a second one) would be dropped silently.
-    de.end()
-        .map_err(|e| vec![Problem::new("", e.to_string())])?;
+        })?,
+    };
     let mut given: HashMap<&str, usize> = HashMap::new();
     for (key, _) in &fields {
         *given.entry(key).or_default() += 1;
@@ -4049,6 +4053,14 @@ fn read_patch(json: &str, withdraw: Option<&str>) -> Result<RawPatch, Vec<Proble
             problems.push(problem(
                 key_text(key).into_owned(),
                 format!("number out of range, got {:?}: {NEARER_0}", quoted(text)),
+            ));
+        } else if let Some(text) = past_largest.get(i).copied().flatten() {
+            problems.push(problem(
+                key_text(key).into_owned(),
+                format!(
+                    "number out of range, got {:?}: {PAST_LARGEST}",
+                    quoted(text)
+                ),
             ));
         } else if let Err(e) = serde_path_to_error::deserialize::<_, RawPatch>(alone) {
             let location = error_location(e.path());
@@ -4126,6 +4138,38 @@ fn numbers_read_as_0<'a>(
         })
         .collect()
 }
+
+/// Why a change's number past the largest held (`1e400`) is refused, after the number
+/// as written.
+const PAST_LARGEST: &str = "past the largest number held";
+
+/// The fields of the change `json`, which serde_json refused, where that was for a
+/// field's number past the largest held (`1e400`, `-1E+999`): each field's value, a
+/// `null` for such a number, and for each field, in order, its number past the largest
+/// as written. serde_json stops at the first, naming it by position only. `None` where
+/// the change does not read for another reason too (its syntax, a number past the
+/// largest inside a field's array or object).
+fn numbers_past_largest(json: &str) -> Option<PastLargest<'_>> {
+    let Fields(texts) = serde_json::from_str::<Fields<&serde_json::value::RawValue>>(json).ok()?;
+    let mut fields = Vec::with_capacity(texts.len());
+    let mut past = Vec::with_capacity(texts.len());
+    for (key, text) in texts {
+        let text = text.get();
+        let number = text.starts_with(|c: char| c == '-' || c.is_ascii_digit());
+        if number && text.parse::<f64>().is_ok_and(f64::is_infinite) {
+            fields.push((key, serde_json::Value::Null));
+            past.push(Some(text));
+        } else {
+            fields.push((key, serde_json::from_str(text).ok()?));
+            past.push(None);
+        }
+    }
+    past.iter().any(Option::is_some).then_some((fields, past))
+}
+
+/// A change's fields, each number past the largest held as `null`, and for each field,
+/// its number past the largest as written: [`numbers_past_largest`].
+type PastLargest<'a> = (Vec<(String, serde_json::Value)>, Vec<Option<&'a str>>);
 
 impl Settings {
     /// The settings of a running route: its controller parameters and algorithm.

@@ -112,6 +112,40 @@ fn a_number_nearer_0_than_any_held_is_a_change_that_does_not_read() {
     assert_eq!(params.min_rps, 0.0);
 }
 
+/// A number past the largest held (`1e400`, `-1e400`, `1E+999`) is refused as a body
+/// that is no change (400), naming the field and the number as written, with the
+/// change's other problems of shape, as one nearer 0 than any held (`1e-400`) is: it was
+/// serde_json's `number out of range at line 1 column 20`, the first such number alone
+/// and no other problem. A body that does not read for another reason as well (cut
+/// short) is refused as before.
+#[test]
+fn a_number_past_the_largest_held_is_refused_naming_its_field_as_written() {
+    let Err(PatchError::Malformed(e)) = patched(
+        r#"{"base_limit": 1e400, "colour": 1, "min_rps": -1e400, "cut_limit": 1E+999, "safe_roc": 1e-400}"#,
+    ) else {
+        panic!("taken or refused by the rules");
+    };
+    let said: Vec<String> = e.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        said,
+        [
+            "base_limit: number out of range, got \"1e400\": past the largest number held",
+            "colour: unknown field `colour`, expected one of `base_limit`, `cut_limit`, `danger_roc`, `safe_roc`, `hold`, `restore_step`, `restore_interval`, `min_rps`, `min_samples`, `min_dwell`, `max_cut`, `roc_mode`",
+            "min_rps: number out of range, got \"-1e400\": past the largest number held",
+            "cut_limit: number out of range, got \"1E+999\": past the largest number held",
+            "safe_roc: number out of range, got \"1e-400\": nearer 0 than any number held, it would read as 0 (write 0 if 0 is meant)",
+        ]
+    );
+    let Err(PatchError::Malformed(e)) = patched(r#"{"base_limit": 1e400"#) else {
+        panic!("taken or refused by the rules");
+    };
+    let said: Vec<String> = e.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        said,
+        ["base_limit: number out of range at line 1 column 20"]
+    );
+}
+
 /// A number written as a string is told how to write it only where its text, without
 /// the quotes, is a JSON number the field takes: `Infinity`, `NaN`, `.5`, `+5`, `007`
 /// and `1e400` are no JSON number, and `7.0` no whole one, so the advice was a change
