@@ -209,6 +209,54 @@ async fn drive(client: &HttpClient, addr: SocketAddr, path: &str, rate: u32, sec
     }
 }
 
+/// Starts prometheus on a loopback port with the shipped alert rules, scraping and
+/// evaluating every second, `scrape_configs` (YAML) its scrape jobs, and waits until it
+/// is ready: the process (killed when dropped), its address, and its directory.
+async fn start_prometheus(
+    client: &HttpClient,
+    scrape_configs: &str,
+) -> (Process, SocketAddr, tempfile::TempDir) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let prom_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let prom_config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &prom_config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {}\n{scrape_configs}",
+            root.join("dashboards/alerts.yml").display()
+        ),
+    )
+    .unwrap();
+    let prometheus = Process(
+        Command::new(which("prometheus"))
+            .arg(format!("--config.file={}", prom_config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while get_text(client, &format!("http://{prom_addr}/-/ready"))
+            .await
+            .0
+            != 200
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(ready.is_ok(), "prometheus became ready");
+    (prometheus, prom_addr, dir)
+}
+
 /// Every query of the dashboard returns data from a real Prometheus scraping a real
 /// instance after a spike, and with the `redis` feature a second instance deciding a
 /// distributed route on a real redis-server (the fleet's demand, and the shared ROC,
@@ -217,7 +265,7 @@ async fn drive(client: &HttpClient, addr: SocketAddr, path: &str, rate: u32, sec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let (prometheus, promtool) = (which("prometheus"), which("promtool"));
+    let promtool = which("promtool");
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
 
     let up = upstream().await;
@@ -255,44 +303,13 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     #[cfg(not(feature = "redis"))]
     let targets = format!("\"{admin}\"");
 
-    let dir = tempfile::tempdir().unwrap();
-    let prom_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let prom_config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &prom_config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {}\n\
-             scrape_configs:\n  - job_name: rocgate\n    static_configs:\n      - targets: [{targets}]\n",
-            root.join("dashboards/alerts.yml").display()
+    let (_prometheus, prom_addr, _dir) = start_prometheus(
+        &client,
+        &format!(
+            "scrape_configs:\n  - job_name: rocgate\n    static_configs:\n      - targets: [{targets}]\n"
         ),
     )
-    .unwrap();
-    let _prometheus = Process(
-        Command::new(&prometheus)
-            .arg(format!("--config.file={}", prom_config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus starts"),
-    );
-    let ready = tokio::time::timeout(Duration::from_secs(60), async {
-        while get_text(&client, &format!("http://{prom_addr}/-/ready"))
-            .await
-            .0
-            != 200
-        {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
     .await;
-    assert!(ready.is_ok(), "prometheus became ready");
     // Counters must be seen before the spike, or `increase` has nothing to compare.
     let scraped = tokio::time::timeout(Duration::from_secs(30), async {
         while query(&client, prom_addr, r#"rocgate_cuts_total{route="order"}"#)
@@ -469,6 +486,104 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     {
         fleet_traffic.abort();
         fleet.stop().await;
+    }
+}
+
+/// `RocgateDown` as a real Prometheus evaluates it, scraping a real instance under the
+/// job `gateway` (not `rocgate`) beside a job `edge` whose one target is no rocgate and
+/// never answers: silent while the instance answers, pending for the instance (and,
+/// rocgate's series gone, once without one) after it stops, never for `edge`'s target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_down_alert_fires_for_an_instance_stopped_under_a_job_of_any_name() {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut settings = ProxySettings::from_server(
+        &rocgate::config::ServerConfig::default(),
+        format!("http://{}", upstream().await).parse().unwrap(),
+    );
+    settings.listen = "127.0.0.1:0".parse().unwrap();
+    settings.admin_listen = "127.0.0.1:0".parse().unwrap();
+    settings.shutdown_grace = Duration::from_secs(1);
+    let config = Config::new(vec![RouteConfig::new("rest", RouteMatch::any())]);
+    let proxy = Proxy::bind(settings, &config, None).await.unwrap();
+    let admin = proxy.admin_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(proxy.run(async {
+        let _ = stopped.await;
+    }));
+    let nothing = format!("127.0.0.1:{}", free_port());
+    let (_prometheus, prom_addr, _dir) = start_prometheus(
+        &client,
+        &format!(
+            "scrape_configs:\n  \
+             - job_name: gateway\n    static_configs:\n      - targets: [\"{admin}\"]\n  \
+             - job_name: edge\n    static_configs:\n      - targets: [\"{nothing}\"]\n"
+        ),
+    )
+    .await;
+    let down = rule_expr("RocgateDown");
+    // The (job, instance) of each alert, or each series of a query's result, in `v`.
+    let named = |v: &[Value]| -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = v
+            .iter()
+            .map(|s| {
+                let l = &s["labels"];
+                let l = if l.is_null() { &s["metric"] } else { l };
+                let text = |k: &str| l[k].as_str().unwrap_or_default().to_owned();
+                (text("job"), text("instance"))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let down_alerts = || async {
+        let (status, body) = get_text(&client, &format!("http://{prom_addr}/api/v1/alerts")).await;
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["data"]["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == "RocgateDown")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    // Both jobs scraped, rocgate's series there: the rule says nothing.
+    let scraped = tokio::time::timeout(Duration::from_secs(30), async {
+        while query(&client, prom_addr, r#"rocgate_build_info{job="gateway"}"#)
+            .await
+            .is_empty()
+            || query(&client, prom_addr, r#"up{job="edge"} == 0"#)
+                .await
+                .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(scraped.is_ok(), "prometheus scraped both jobs");
+    assert_eq!(named(&query(&client, prom_addr, &down).await), []);
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), run).await;
+    let gateway = ("gateway".to_owned(), admin.to_string());
+    let expected = vec![(String::new(), String::new()), gateway];
+    let pending = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let alerts = down_alerts().await;
+            if named(&alerts) == expected {
+                return alerts;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let Ok(alerts) = pending else {
+        let seen = named(&query(&client, prom_addr, &down).await);
+        panic!("RocgateDown names {seen:?} of the stopped instance, expected {expected:?}");
+    };
+    for alert in alerts {
+        assert_eq!(alert["state"], "pending", "{alert}");
     }
 }
 
@@ -877,9 +992,14 @@ fn the_controller_lost_alert_fires_on_a_recent_carry_over_only() {
     test_exprs(series, &expr_test(&expr, "20m", &[]));
 }
 
+/// The description of `RocgateDown`, as its every alert has it.
+const DOWN_DESCRIPTION: &str = "The process is down, or its admin API unreachable, or no scrape job reaches it: every other rocgate alert is silent for this instance meanwhile. Check the process and its log (exit 2: a config refused at start; exit 1: a listener it could not open), GET /healthz on the admin address, and the scrape job's targets (README, When an alert fires).";
+
 /// `RocgateDown` fires for an instance Prometheus has not scraped for a minute, whose
 /// own series every other rule reads and so falls silent on (pending at its first
-/// missed scrape), and not for one that answers or missed a single scrape.
+/// missed scrape), and not for one that answers or missed a single scrape: in the job
+/// `rocgate`, and under a job of another name for an instance that exported rocgate's
+/// series before, not for another target of that job that never did.
 #[test]
 fn the_down_alert_fires_on_an_instance_not_scraped_for_a_minute() {
     let series = "      \
@@ -888,17 +1008,50 @@ fn the_down_alert_fires_on_an_instance_not_scraped_for_a_minute() {
          - series: 'up{job=\"rocgate\",instance=\"blip\"}'\n        \
          values: '1 1 0 1 1 1'\n      \
          - series: 'up{job=\"rocgate\",instance=\"up\"}'\n        \
-         values: '1 1 1 1 1 1'\n";
-    let description = "The process is down, or its admin API unreachable: every other rocgate alert is silent for this instance meanwhile. Check the process and its log (exit 2: a config refused at start; exit 1: a listener it could not open) and GET /healthz on the admin address (README, When an alert fires).";
+         values: '1 1 1 1 1 1'\n      \
+         - series: 'rocgate_build_info{job=\"rocgate\",instance=\"up\",version=\"1\"}'\n        \
+         values: '1 1 1 1 1 1'\n      \
+         - series: 'up{job=\"gateway\",instance=\"renamed\"}'\n        \
+         values: '1 1 0 0 0 0'\n      \
+         - series: 'rocgate_build_info{job=\"gateway\",instance=\"renamed\",version=\"1\"}'\n        \
+         values: '1 1 stale'\n      \
+         - series: 'up{job=\"gateway\",instance=\"other\"}'\n        \
+         values: '0 0 0 0 0 0'\n";
     let tests = alert_test(
         "5m",
         "RocgateDown",
-        description,
+        DOWN_DESCRIPTION,
+        &[
+            (
+                "instance: down, job: rocgate, severity: critical",
+                "rocgate on down has not answered Prometheus's scrape for a minute",
+            ),
+            (
+                "instance: renamed, job: gateway, severity: critical",
+                "rocgate on renamed has not answered Prometheus's scrape for a minute",
+            ),
+        ],
+    ) + &alert_test("2m", "RocgateDown", DOWN_DESCRIPTION, &[]);
+    test_alert_rules(series, &tests);
+}
+
+/// `RocgateDown` fires, without an instance, when Prometheus has had no rocgate series
+/// for a minute: a scrape job that reaches no instance (another target answers, under
+/// a name that is not `rocgate`) is not silence.
+#[test]
+fn the_down_alert_fires_when_no_rocgate_series_is_scraped() {
+    let series = "      \
+         - series: 'up{job=\"gateway\",instance=\"elsewhere\"}'\n        \
+         values: '1 1 1 1 1 1'\n";
+    let tests = alert_test(
+        "5m",
+        "RocgateDown",
+        DOWN_DESCRIPTION,
         &[(
-            "instance: down, job: rocgate, severity: critical",
-            "rocgate on down has not answered Prometheus's scrape for a minute",
+            "severity: critical",
+            "Prometheus has had no rocgate series (rocgate_build_info) for a minute",
         )],
-    ) + &alert_test("2m", "RocgateDown", description, &[]);
+    );
     test_alert_rules(series, &tests);
 }
 
