@@ -1000,12 +1000,16 @@ const DOWN_DESCRIPTION: &str = "The process is down, or its admin API unreachabl
 /// own series every other rule reads and so falls silent on (pending at its first
 /// missed scrape), and not for one that answers or missed a single scrape: in the job
 /// `rocgate`, and under a job of another name for an instance that exported rocgate's
-/// series before, not for another target of that job that never did.
+/// series before, not for another target of that job that never did. Once for each:
+/// an instance of the job `rocgate` that exported rocgate's series too, or one
+/// upgraded (two versions of `rocgate_build_info` in the day), is named once.
 #[test]
 fn the_down_alert_fires_on_an_instance_not_scraped_for_a_minute() {
     let series = "      \
          - series: 'up{job=\"rocgate\",instance=\"down\"}'\n        \
          values: '1 1 0 0 0 0'\n      \
+         - series: 'rocgate_build_info{job=\"rocgate\",instance=\"down\",version=\"1\"}'\n        \
+         values: '1 1 stale'\n      \
          - series: 'up{job=\"rocgate\",instance=\"blip\"}'\n        \
          values: '1 1 0 1 1 1'\n      \
          - series: 'up{job=\"rocgate\",instance=\"up\"}'\n        \
@@ -1015,7 +1019,9 @@ fn the_down_alert_fires_on_an_instance_not_scraped_for_a_minute() {
          - series: 'up{job=\"gateway\",instance=\"renamed\"}'\n        \
          values: '1 1 0 0 0 0'\n      \
          - series: 'rocgate_build_info{job=\"gateway\",instance=\"renamed\",version=\"1\"}'\n        \
-         values: '1 1 stale'\n      \
+         values: '1 stale'\n      \
+         - series: 'rocgate_build_info{job=\"gateway\",instance=\"renamed\",version=\"2\"}'\n        \
+         values: '_ 1 stale'\n      \
          - series: 'up{job=\"gateway\",instance=\"other\"}'\n        \
          values: '0 0 0 0 0 0'\n";
     let tests = alert_test(
