@@ -1042,6 +1042,54 @@ fn the_down_alert_fires_on_an_instance_not_scraped_for_a_minute() {
     test_alert_rules(series, &tests);
 }
 
+/// `RocgateDown`, under a job not named `rocgate`, holds for an instance down longer
+/// than the day its `rocgate_build_info` is looked for over, until it answers again:
+/// the instance still down at 26 hours is named, the one back at 25 hours no longer.
+/// Another instance answers throughout, so Prometheus has rocgate series.
+#[test]
+fn the_down_alert_holds_for_an_instance_down_over_a_day() {
+    let series = "      \
+         - series: 'up{job=\"gateway\",instance=\"long\"}'\n        \
+         values: '1 1 0x1600'\n      \
+         - series: 'rocgate_build_info{job=\"gateway\",instance=\"long\",version=\"1\"}'\n        \
+         values: '1 1 stale'\n      \
+         - series: 'up{job=\"gateway\",instance=\"back\"}'\n        \
+         values: '1 1 0x1500 1x100'\n      \
+         - series: 'rocgate_build_info{job=\"gateway\",instance=\"back\",version=\"1\"}'\n        \
+         values: '1 1 stale _x1499 1x100'\n      \
+         - series: 'up{job=\"gateway\",instance=\"up\"}'\n        \
+         values: '1x1700'\n      \
+         - series: 'rocgate_build_info{job=\"gateway\",instance=\"up\",version=\"1\"}'\n        \
+         values: '1x1700'\n";
+    let summary = |instance: &str| {
+        format!("rocgate on {instance} has not answered Prometheus's scrape for a minute")
+    };
+    let tests = alert_test(
+        "25h",
+        "RocgateDown",
+        DOWN_DESCRIPTION,
+        &[
+            (
+                "instance: long, job: gateway, severity: critical",
+                &summary("long"),
+            ),
+            (
+                "instance: back, job: gateway, severity: critical",
+                &summary("back"),
+            ),
+        ],
+    ) + &alert_test(
+        "26h",
+        "RocgateDown",
+        DOWN_DESCRIPTION,
+        &[(
+            "instance: long, job: gateway, severity: critical",
+            &summary("long"),
+        )],
+    );
+    test_alert_rules(series, &tests);
+}
+
 /// `RocgateDown` fires, without an instance, when Prometheus has had no rocgate series
 /// for a minute: a scrape job that reaches no instance (another target answers, under
 /// a name that is not `rocgate`) is not silence.
