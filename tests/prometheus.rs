@@ -563,6 +563,19 @@ async fn the_down_alert_fires_for_an_instance_stopped_under_a_job_of_any_name() 
     .await;
     assert!(scraped.is_ok(), "prometheus scraped both jobs");
     assert_eq!(named(&query(&client, prom_addr, &down).await), []);
+    // The alert pending since Prometheus's first evaluation, before its first scrape
+    // (no rocgate series then), ended by an evaluation since: else it would be the one
+    // seen after the stop, firing a minute after Prometheus started.
+    let quiet = tokio::time::timeout(Duration::from_secs(30), async {
+        while !down_alerts().await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        quiet.is_ok(),
+        "RocgateDown ended while the instance answered"
+    );
 
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), run).await;
