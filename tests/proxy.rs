@@ -1675,16 +1675,30 @@ async fn answered_200(
     upstream.only(path)
 }
 
-/// An HTTP/1.1 request that names no host (no `Host`, a target in origin form) gets
-/// 400 (RFC 9112 §3.2, a MUST; Envoy and nginx refuse it too): it was forwarded with
-/// the upstream's own `Host`, for a host the client never named. HTTP/1.0 needs no
-/// `Host`: its requests go up with the upstream's.
+/// An HTTP/1.1 request without `Host` gets 400 (RFC 9112 §3.2, a MUST; Envoy and
+/// nginx refuse it too): it was forwarded with the upstream's own `Host`, for a host
+/// the client never named. So does one in absolute form, whose target names the
+/// host: RFC 9112 §3.2.2 puts the target's host in place of `Host`, not of its absence
+/// ("a client MUST send a Host header field in all HTTP/1.1 request messages"); it was
+/// forwarded. HTTP/1.0 needs no `Host`: its requests go up with the upstream's; two
+/// `Host`s, or one that is no `host[:port]`, are refused in HTTP/1.0 as in HTTP/1.1.
 #[tokio::test]
 async fn a_request_without_host_is_refused_in_http_1_1_and_gets_the_upstreams_in_1_0() {
     let (upstream, proxy) = forwarding_proxy().await;
-    let raw = raw_exchange(proxy.addr, b"GET /n1 HTTP/1.1\r\n\r\n", IO_TIMEOUT).await;
-    assert_eq!(statuses(&raw), [400]);
-    assert!(upstream.seen("/n1").is_empty(), "went up without a host");
+    for request in [
+        &b"GET /n1 HTTP/1.1\r\n\r\n"[..],
+        b"GET http://shop.example/n1 HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /n1 HTTP/1.0\r\nHost: a.example\r\nHost: b.example\r\n\r\n",
+        b"GET /n1 HTTP/1.0\r\nHost: a.example@b.example\r\n\r\n",
+    ] {
+        let raw = raw_exchange(proxy.addr, request, IO_TIMEOUT).await;
+        let text = String::from_utf8_lossy(&raw);
+        assert_eq!(statuses(&raw), [400], "{text}");
+    }
+    assert!(
+        upstream.seen("/n1").is_empty(),
+        "went up without one valid host"
+    );
     let seen = answered_200(&proxy, &upstream, b"GET /h1 HTTP/1.0\r\n\r\n", "/h1").await;
     assert_eq!(
         seen.headers[header::HOST],
@@ -2912,9 +2926,16 @@ async fn an_upstream_that_leads_back_to_rocgate_gets_508() {
 }
 
 /// Requests refused for their heads alone, with the status each gets, where
-/// `max_body_bytes` is 1024: two `Host`s, CONNECT, a declared body of 4096 bytes.
-fn refused_for_their_heads() -> [(&'static [u8], u16); 7] {
+/// `max_body_bytes` is 1024: no `Host` in HTTP/1.1, two `Host`s, CONNECT, a declared
+/// body of 4096 bytes.
+fn refused_for_their_heads() -> [(&'static [u8], u16); 9] {
     [
+        // No `Host` in HTTP/1.1, in origin form or in absolute form (RFC 9112 §3.2).
+        (b"GET /none HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
+        (
+            b"GET http://shop.example/none HTTP/1.1\r\nConnection: close\r\n\r\n",
+            400,
+        ),
         // A target in authority form is CONNECT's alone, and in asterisk form
         // OPTIONS's (RFC 9112 §3.2.3, §3.2.4). They used to be forwarded, as `/` with
         // the authority for `Host`, and as `GET *`.
@@ -2990,13 +3011,23 @@ async fn a_request_refused_for_its_head_spends_no_token() {
     let text = String::from_utf8_lossy(&metrics.body);
     for (kind, count) in [
         ("transfer_coding_not_implemented", 2),
-        ("bad_request", 4),
+        ("bad_request", 6),
         ("body_too_large", 1),
     ] {
         let series =
             format!(r#"rocgate_upstream_errors_total{{route="one_token",kind="{kind}"}} {count}"#);
         assert!(text.lines().any(|l| l == series), "{series}\n{text}");
     }
+    // No admission decision was made for them: the good request alone is counted.
+    let decisions: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(r#"rocgate_requests_total{route="one_token","#))
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert_eq!(
+        decisions,
+        [r#"rocgate_requests_total{route="one_token",decision="admitted",reason="none"} 1"#]
+    );
 }
 
 /// A [`Forwarder`](rocgate::proxy::Forwarder) served directly, without `rocgate

@@ -21,7 +21,9 @@
 //! its `Host` names this host (an IP address, `localhost`, or a name in
 //! `[admin] allowed_hosts`), or it carries the token: a web page served from a name
 //! re-bound to 127.0.0.1 (DNS rebinding) reads nothing but that rocgate is up
-//! ([`refuse_a_foreign_host`]).
+//! ([`refuse_a_foreign_host`]). Before that, every endpoint answers 400 to an HTTP/1.1
+//! request without `Host`, and to one with two `Host`s or a `Host` that is no
+//! `host[:port]`, as the proxy does (RFC 9112 §3.2, [`refuse_a_host_field_amiss`]).
 //!
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
@@ -296,8 +298,26 @@ pub(crate) fn router(state: AdminState) -> Router {
             Arc::clone(&state.via),
             refuse_the_proxys_own,
         ))
+        .layer(axum::middleware::from_fn(refuse_a_host_field_amiss))
         .with_state(state)
         .layer(CompressionLayer::new().quality(CompressionLevel::Fastest))
+}
+
+/// Refuses with 400 an HTTP/1.1 request without `Host`, and one with two `Host`s or
+/// a `Host` that is no `host[:port]` (RFC 9112 §3.2: a server MUST), as the proxy does
+/// ([`super::forward::host_refusal`]), before anything else is looked at: on every
+/// endpoint, the health checks among them (a kubelet's probe, Envoy's and
+/// Prometheus's send `Host`; HTTP/1.0, which needs none, is answered without), with
+/// the token or without. A target in absolute form does not stand in for the `Host`
+/// an HTTP/1.1 request lacks (RFC 9112 §3.2.2).
+async fn refuse_a_host_field_amiss(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match super::forward::host_refusal(request.version(), request.uri(), request.headers()) {
+        Some(why) => error(StatusCode::BAD_REQUEST, vec![why.into()]),
+        None => next.run(request).await,
+    }
 }
 
 /// Refuses a request that came through this instance's proxy: its upstream leads to
@@ -329,8 +349,9 @@ async fn refuse_the_proxys_own(
 /// route's state, the hints and the store. This host's names are IP addresses (v4, or
 /// v6 in brackets), `localhost` and `[admin] allowed_hosts`, in any case, a trailing
 /// dot or not, with a port or without ([`names_this_host`]). A request naming no host
-/// (no `Host`, as an HTTP/1.0 client may send, and no authority in its target) is
-/// answered: a browser names one in every request. A request from another address is
+/// (HTTP/1.0 without `Host` and no authority in its target; an HTTP/1.1 one gets 400
+/// before, [`refuse_a_host_field_amiss`]) is answered: a browser names one in every
+/// request. A request from another address is
 /// not looked at: opened beyond loopback, the admin API's reads are open to whoever
 /// reaches it (a Prometheus on another host reads it by the host's name), a page
 /// re-bound to that address among them.
@@ -1461,6 +1482,7 @@ mod tests {
         let request = http::Request::builder()
             .method(method)
             .uri(path)
+            .header("host", "localhost")
             .body(axum::body::Body::from(r#"{"base_limit": 300}"#))
             .unwrap();
         let answer = tokio::spawn(
@@ -1560,6 +1582,7 @@ mod tests {
             let request = http::Request::builder()
                 .method(method)
                 .uri(path)
+                .header("host", "localhost")
                 .body(axum::body::Body::from(body))
                 .unwrap();
             let answer = tokio::time::timeout(
@@ -1580,6 +1603,7 @@ mod tests {
         let router = router(state().await);
         let never = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
         let request = http::Request::put("/admin/routes/order")
+            .header("host", "localhost")
             .body(Body::from_stream(never))
             .unwrap();
         let started = tokio::time::Instant::now();
@@ -1649,6 +1673,7 @@ mod tests {
                 let request = http::Request::builder()
                     .method(method)
                     .uri(path)
+                    .header("host", "localhost")
                     .body(Body::from(body))
                     .unwrap();
                 let response = for_connection(&router, peer)
@@ -1673,6 +1698,7 @@ mod tests {
         for peer in ["127.0.0.1", "::1"] {
             let peer: IpAddr = peer.parse().unwrap();
             let request = http::Request::put("/admin/routes/order")
+                .header("host", "localhost")
                 .body(Body::from(r#"{"base_limit": 300}"#))
                 .unwrap();
             let response = for_connection(&router, peer)
@@ -1755,7 +1781,8 @@ mod tests {
     /// carries (its target's authority too, as HTTP/2 and an absolute target carry the
     /// host); from another address the same request is answered (the admin API opened
     /// beyond loopback is read by its host's name), and so is one from loopback that
-    /// names no host, or that asks `/healthz` or `/readyz`.
+    /// names no host (HTTP/1.0), or that asks `/healthz` or `/readyz`. Two `Host`s are
+    /// refused before, 400 (RFC 9112 §3.2).
     #[tokio::test]
     async fn only_a_request_from_loopback_is_held_to_its_host() {
         let router = router(state().await);
@@ -1781,10 +1808,15 @@ mod tests {
                 "{path}"
             );
         }
-        assert_eq!(
-            get_from(&router, "127.0.0.1", "/metrics", &[]).await,
-            StatusCode::OK
-        );
+        let nameless = http::Request::get("/metrics")
+            .version(http::Version::HTTP_10)
+            .body(Body::empty())
+            .unwrap();
+        let answer = for_connection(&router, [127, 0, 0, 1].into())
+            .oneshot(nameless)
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
         let here = [("host", "127.0.0.1:9090")];
         let absolute = "http://evil.example:9090/metrics";
         assert_eq!(
@@ -1800,7 +1832,7 @@ mod tests {
             .oneshot(twice)
             .await
             .unwrap();
-        assert_eq!(answer.status(), StatusCode::FORBIDDEN);
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
     }
 
     /// With a token set, a request from loopback that carries it is answered whatever

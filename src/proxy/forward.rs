@@ -391,33 +391,9 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
             "the target * is OPTIONS's alone (RFC 9112 §3.2.4)",
         ));
     }
-    // Two `Host`s are refused (RFC 9112 §3.2): a proxy in front that reads the
-    // other one would route or cache by another host than the upstream sees. So is
-    // an HTTP/1.1 request that names no host at all (RFC 9112 §3.2: a MUST), unless
-    // its target does (absolute form, as Envoy takes it): forwarded, it went up with
-    // the upstream's own `Host`, for a host the client never named.
     let scan = HeadScan::of(headers);
-    match scan.hosts {
-        2 => {
-            return Some(ProxyError::Unforwardable(
-                "two Host fields: a request names one host (RFC 9112 §3.2)",
-            ))
-        }
-        0 if req.version() == http::Version::HTTP_11 && uri.authority().is_none() => {
-            return Some(ProxyError::Unforwardable(
-                "no Host field: an HTTP/1.1 request names its host (RFC 9112 §3.2)",
-            ))
-        }
-        _ => {}
-    }
-    // A `Host` that is no `host[:port]` gets 400 too (RFC 9112 §3.2), where it is the
-    // request's host: in absolute form the target's replaces it (RFC 9112 §3.2.2).
-    // Forwarded, `shop.example@evil.example` told an upstream that builds links from
-    // `Host` (or `X-Forwarded-Host`) of a host a browser reads as `evil.example`.
-    if uri.authority().is_none() && scan.host.is_some_and(|h| !names_a_host(h.as_bytes())) {
-        return Some(ProxyError::Unforwardable(
-            "a Host field that is no host[:port] (RFC 9112 §3.2)",
-        ));
+    if let Some(why) = host_problem(req.version(), uri, &scan) {
+        return Some(ProxyError::Unforwardable(why));
     }
     if scan.via && via.came_through(headers) {
         return Some(ProxyError::ForwardingLoop);
@@ -431,6 +407,39 @@ fn refusal(req: &Request<Incoming>, max_body_bytes: u64, via: &Via) -> Option<Pr
     // A declared `Content-Length` (hyper has parsed it, and refused a malformed one)
     // is the body's size, exact, without a second header lookup.
     (req.body().size_hint().lower() > max_body_bytes).then_some(ProxyError::BodyTooLarge)
+}
+
+/// What is wrong with a request's `Host` fields, if anything (RFC 9112 §3.2: a server
+/// MUST answer it 400), as the proxy ([`refusal`]) and the admin API refuse it.
+pub(crate) fn host_refusal(
+    version: http::Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Option<&'static str> {
+    host_problem(version, uri, &HeadScan::of(headers))
+}
+
+/// What is wrong with the `Host` fields `scan` found in a request of `version` for
+/// `uri`. Two `Host`s are refused: a proxy in front that reads the other one would
+/// route or cache by another host than the upstream sees. So is an HTTP/1.1 request
+/// that names no host in `Host`, whatever its target: forwarded, it went up with the
+/// upstream's own `Host`, for a host the client never named, and a target in absolute
+/// form replaces the `Host` it must carry, not its absence (RFC 9112 §3.2.2). HTTP/1.0
+/// needs none, and HTTP/2 names the host in `:authority`. A `Host` that is no
+/// `host[:port]` is refused where it is the request's host: in absolute form the
+/// target's replaces it. Forwarded, `shop.example@evil.example` told an upstream that
+/// builds links from `Host` (or `X-Forwarded-Host`) of a host a browser reads as
+/// `evil.example`.
+fn host_problem(version: http::Version, uri: &Uri, scan: &HeadScan<'_>) -> Option<&'static str> {
+    match scan.hosts {
+        2 => return Some("two Host fields: a request names one host (RFC 9112 §3.2)"),
+        0 if version == http::Version::HTTP_11 => {
+            return Some("no Host field: an HTTP/1.1 request names its host (RFC 9112 §3.2)")
+        }
+        _ => {}
+    }
+    (uri.authority().is_none() && scan.host.is_some_and(|h| !names_a_host(h.as_bytes())))
+        .then_some("a Host field that is no host[:port] (RFC 9112 §3.2)")
 }
 
 /// Whether `host`, a `Host` value, is `uri-host [":" port]` (RFC 9110 §7.2) with a
