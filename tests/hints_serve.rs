@@ -63,9 +63,11 @@ async fn start_with(config: &str) -> (SocketAddr, SocketAddr, tokio::sync::onesh
     let app = Router::new().fallback(|| async { "ok" });
     tokio::spawn(async move { axum::serve(upstream, app).await });
     let config = Config::from_toml_str(config, "test").unwrap();
-    // The shared test settings, with this file's own timeouts and body limit.
+    // The shared test settings, with this file's own timeouts and body limit, and the
+    // config's admin token.
     let settings = {
         let mut built = running::settings(upstream_addr);
+        built.admin_token = config.server.admin_token.clone();
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
         built.forward.response_timeout = Duration::from_secs(5);
@@ -342,11 +344,19 @@ async fn fake_admin(report: &'static str) -> (SocketAddr, Arc<Mutex<Vec<String>>
 /// Runs `rocgate hints` with these arguments and waits for it: its exit status and
 /// output, which the tests of the CLI read.
 fn hints(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rocgate"))
-        .arg("hints")
-        .args(args)
-        .output()
-        .unwrap()
+    hints_with(args, None)
+}
+
+/// [`hints`] with `ROCGATE__ADMIN__TOKEN` set to `token`, or unset (whatever the test
+/// runner's environment holds).
+fn hints_with(args: &[&str], token: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
+    command.arg("hints").args(args);
+    match token {
+        Some(token) => command.env("ROCGATE__ADMIN__TOKEN", token),
+        None => command.env_remove("ROCGATE__ADMIN__TOKEN"),
+    };
+    command.output().unwrap()
 }
 
 /// Runs `rocgate hints --admin http://{admin}` followed by `more`, off the runtime's
@@ -628,7 +638,7 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
         (
             "http://user:pw@127.0.0.1:9090",
             "15m",
-            "--admin: must not carry user info (user:password@): hints sends no credentials, and reads the admin API without a token, got \"http://user:***@127.0.0.1:9090\"",
+            "--admin: must not carry user info (user:password@): hints sends none; pass the admin token with --token-file PATH or the variable ROCGATE__ADMIN__TOKEN, got \"http://user:***@127.0.0.1:9090\"",
         ),
         (
             "http://127.0.0.1:9",
@@ -661,4 +671,141 @@ async fn the_cli_prints_as_json_only_a_hints_report() {
             "--json {json}: {stderr}"
         );
     }
+}
+
+/// `rocgate hints` sends the admin token, read from `--token-file PATH` or the
+/// variable `ROCGATE__ADMIN__TOKEN` (the one `serve` reads for `[admin] token`), as
+/// `Authorization: Bearer`: from loopback, an admin API refuses (403) a `Host` that is
+/// none of this host's names unless the request carries it, and hints could send none.
+/// `127.1` is such a `Host` here (the resolver reads it as 127.0.0.1, the admin API
+/// does not take it for an IP address), standing in for the host's own name not listed
+/// in `[admin] allowed_hosts`. Refused, hints prints the API's own answer and says how
+/// to pass the token; a token file may end in a line break. Without a token, and with
+/// either, it used to take no such flag (exit 2) and send none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
+    let config = format!("{CONFIG}\n[admin]\ntoken = \"s3cret\"\n");
+    let (_listen, admin, stop) = start_with(&config).await;
+    let url = format!("http://127.1:{}", admin.port());
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let good = file("token", b"s3cret\n");
+    let wrong = file("wrong", b"other");
+    let run = |args: Vec<String>, token: Option<&'static str>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            hints_with(&args, token)
+        })
+    };
+    let admin_args = |more: &[&str]| {
+        let mut args = vec!["--admin".to_owned(), url.clone()];
+        args.extend(more.iter().map(|a| (*a).to_owned()));
+        args
+    };
+    let refused = format!(
+        "Host \\\"127.1:{}\\\" is not a name of this host: from loopback, the admin API \
+         answers a Host that is an IP address, localhost or a name in [admin] allowed_hosts \
+         (list it there if it is one of this host's names), or a request with the bearer token",
+        admin.port()
+    );
+    let out = run(admin_args(&[]), None).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("answered 403 Forbidden: "), "{stderr}");
+    assert!(stderr.contains(&refused), "{stderr}");
+    assert!(
+        stderr.contains(
+            "the admin API refused the request: with [admin] token set, pass its token \
+             with --token-file PATH or the variable ROCGATE__ADMIN__TOKEN"
+        ),
+        "{stderr}"
+    );
+    let out = run(admin_args(&["--token-file", &wrong]), None)
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&refused), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the token sent, from {wrong}, was not taken: it is not the admin API's \
+             [admin] token, or the API has none"
+        )),
+        "{stderr}"
+    );
+    for (args, token) in [
+        (admin_args(&["--token-file", &good]), None),
+        (admin_args(&[]), Some("s3cret")),
+        // The file is read before the variable.
+        (admin_args(&["--token-file", &good]), Some("other")),
+    ] {
+        let out = run(args.clone(), token).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?} {token:?}: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.starts_with("hints"), "{args:?} {token:?}: {stdout}");
+    }
+    let _ = stop.send(());
+}
+
+/// A token file that cannot be read, is empty, or holds what no `Authorization` header
+/// carries is refused naming the file, before anything is sent (exit 2), as an empty
+/// `ROCGATE__ADMIN__TOKEN` is; the token itself is never printed.
+#[test]
+fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let missing = dir.path().join("missing").to_str().unwrap().to_owned();
+    let empty = file("empty", b"\n");
+    let control = file("control", b"s3c\x01ret\n");
+    let spaced = file("spaced", b" s3cret\n");
+    let two_lines = file("two-lines", b"s3cret\nmore\n");
+    let binary = file("binary", b"s3\xffcret");
+    for (path, why) in [
+        (&missing, "cannot be read: No such file or directory (os error 2)"),
+        (&empty, "is empty: it holds no token"),
+        (
+            &control,
+            "holds what an Authorization header cannot carry: the control character U+0001 as character 4 of 7",
+        ),
+        (
+            &spaced,
+            "holds what an Authorization header cannot carry: whitespace before a token of 7 characters",
+        ),
+        (
+            &two_lines,
+            "holds what an Authorization header cannot carry: the control character U+000A as character 7 of 11",
+        ),
+        (&binary, "is not UTF-8 text"),
+    ] {
+        let out = hints_with(&["--admin", "http://127.0.0.1:9", "--token-file", path], None);
+        assert_eq!(out.status.code(), Some(2), "{path}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.trim_end(),
+            format!("--token-file: {path} {why}"),
+            "{path}"
+        );
+        assert!(!stderr.contains("s3"), "{stderr}");
+    }
+    let out = hints_with(&["--admin", "http://127.0.0.1:9"], Some(""));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "ROCGATE__ADMIN__TOKEN: must not be empty; unset it to send no token"
+    );
+    let out = hints_with(&["--admin", "http://127.0.0.1:9"], Some("s3\tcret\r"));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "ROCGATE__ADMIN__TOKEN: holds what an Authorization header cannot carry: the control character U+000D as character 8 of 8"
+    );
 }

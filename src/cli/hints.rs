@@ -1,8 +1,13 @@
 //! `rocgate hints --admin URL`: asks a running `serve` for its tuning hints
 //! (`GET /admin/hints`) and prints them as a table, or as the JSON it returned.
 //!
+//! The admin token, where one is needed (a request from loopback whose `Host` is none
+//! of this host's names), is read from `--token-file PATH` or, without it, the
+//! variable `ROCGATE__ADMIN__TOKEN`, the one `serve` reads `[admin] token` from; never
+//! from a flag's value, which any user on the host reads in `ps`.
+//!
 //! Exit codes: 0 with hints printed, 1 when the admin API cannot be reached or
-//! answers with an error, 2 for a bad `--admin` URL or `--period`.
+//! answers with an error, 2 for a bad `--admin` URL, `--period` or token.
 
 use super::out;
 use super::HintsArgs;
@@ -12,8 +17,12 @@ use hyper_util::rt::TokioExecutor;
 use rocgate::config::escaped;
 use rocgate::hints::{self, HintsReport};
 use rocgate::store::masked_url;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
+
+/// The variable `serve` reads `[admin] token` from; hints sends its token too.
+const TOKEN_VAR: &str = "ROCGATE__ADMIN__TOKEN";
 
 /// How long the whole request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,7 +65,18 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let body = match fetch(url.clone()) {
+    let token = match &args.token_file {
+        Some(path) => token_from_file(path).map(Some),
+        None => token_from_var(std::env::var_os(TOKEN_VAR)),
+    };
+    let token = match token {
+        Ok(token) => token,
+        Err(wrong) => {
+            eprintln!("{wrong}");
+            return ExitCode::from(2);
+        }
+    };
+    let body = match fetch(url.clone(), token.as_ref()) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("{url}: {e}");
@@ -127,8 +147,8 @@ fn admin_root(admin: &str) -> Result<String, String> {
     // Dropped without a word, they were no credential sent.
     if authority.as_str().contains('@') {
         return Err(
-            "must not carry user info (user:password@): hints sends no credentials, \
-             and reads the admin API without a token"
+            "must not carry user info (user:password@): hints sends none; pass the \
+             admin token with --token-file PATH or the variable ROCGATE__ADMIN__TOKEN"
                 .to_owned(),
         );
     }
@@ -155,8 +175,74 @@ fn has_port(authority: &str) -> bool {
         .is_some_and(|(_, port)| !port.contains(']'))
 }
 
-/// The response body of a GET, or why there is none.
-fn fetch(url: http::Uri) -> Result<String, String> {
+/// The admin token to send, and where it came from, for what a refusal says.
+struct Token {
+    /// `Bearer <token>`, marked sensitive.
+    header: http::HeaderValue,
+    /// The file's path, or the variable.
+    from: String,
+}
+
+impl Token {
+    /// `token` (already checked to be one a header carries), read from `from`.
+    fn new(token: &str, from: String) -> Result<Token, String> {
+        let mut header = http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| format!("{from}: holds what an Authorization header cannot carry"))?;
+        header.set_sensitive(true);
+        Ok(Token { header, from })
+    }
+}
+
+/// The token held by the file at `path` (`--token-file`), without the line break it
+/// may end in, or what is wrong with the file, naming it: it cannot be read, is not
+/// UTF-8 text, is empty, or holds what an `Authorization` header cannot carry, as
+/// `[admin] token` is checked (the token itself is never shown).
+fn token_from_file(path: &Path) -> Result<Token, String> {
+    let shown = path.display();
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("--token-file: {shown} cannot be read: {e}"))?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("--token-file: {shown} is not UTF-8 text"))?;
+    let token = text.strip_suffix('\n').unwrap_or(&text);
+    let token = token.strip_suffix('\r').unwrap_or(token);
+    if token.trim().is_empty() {
+        return Err(format!("--token-file: {shown} is empty: it holds no token"));
+    }
+    if let Some(why) = rocgate::config::unsendable_token(token) {
+        return Err(format!(
+            "--token-file: {shown} holds what an Authorization header cannot carry: {why}"
+        ));
+    }
+    Token::new(token, shown.to_string())
+}
+
+/// The token `ROCGATE__ADMIN__TOKEN` holds (`value`), none where it is unset, or what
+/// is wrong with it, as `serve` refuses it: empty, not UTF-8, or holding what an
+/// `Authorization` header cannot carry.
+fn token_from_var(value: Option<std::ffi::OsString>) -> Result<Option<Token>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let token = value
+        .into_string()
+        .map_err(|_| format!("{TOKEN_VAR}: is not UTF-8 text"))?;
+    if token.trim().is_empty() {
+        return Err(format!(
+            "{TOKEN_VAR}: must not be empty; unset it to send no token"
+        ));
+    }
+    if let Some(why) = rocgate::config::unsendable_token(&token) {
+        return Err(format!(
+            "{TOKEN_VAR}: holds what an Authorization header cannot carry: {why}"
+        ));
+    }
+    Token::new(&token, format!("the variable {TOKEN_VAR}")).map(Some)
+}
+
+/// The response body of a GET, with `token` in `Authorization` if given, or why there
+/// is none. A 401 or 403 says, after the API's answer, how to pass the token, or that
+/// the one sent was not taken.
+fn fetch(url: http::Uri, token: Option<&Token>) -> Result<String, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -164,8 +250,15 @@ fn fetch(url: http::Uri) -> Result<String, String> {
     runtime.block_on(async {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<bytes::Bytes>>();
         let request = async {
+            let mut get = http::Request::get(url);
+            if let Some(token) = token {
+                get = get.header(http::header::AUTHORIZATION, token.header.clone());
+            }
+            let get = get
+                .body(Empty::new())
+                .map_err(|e| format!("cannot make the request: {e}"))?;
             let res = client
-                .get(url)
+                .request(get)
                 .await
                 .map_err(|e| format!("cannot connect: {}", with_causes(&e)))?;
             let status = res.status();
@@ -177,10 +270,27 @@ fn fetch(url: http::Uri) -> Result<String, String> {
                 .to_bytes();
             let text = String::from_utf8_lossy(&bytes).into_owned();
             if status.is_success() {
-                Ok(text)
-            } else {
-                Err(format!("answered {status}: {text}"))
+                return Ok(text);
             }
+            let mut said = format!("answered {status}: {text}");
+            if matches!(
+                status,
+                http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
+            ) {
+                said.push('\n');
+                said.push_str(&match token {
+                    None => format!(
+                        "the admin API refused the request: with [admin] token set, pass \
+                         its token with --token-file PATH or the variable {TOKEN_VAR}"
+                    ),
+                    Some(token) => format!(
+                        "the token sent, from {}, was not taken: it is not the admin API's \
+                         [admin] token, or the API has none",
+                        token.from
+                    ),
+                });
+            }
+            Err(said)
         };
         tokio::time::timeout(TIMEOUT, request)
             .await

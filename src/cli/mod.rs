@@ -50,6 +50,10 @@ pub(crate) struct HintsArgs {
     /// Print the JSON the admin API returned instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// A file holding the admin API's token (`[admin] token`), sent as
+    /// `Authorization: Bearer`; without it, the variable ROCGATE__ADMIN__TOKEN, if set.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) token_file: Option<PathBuf>,
 }
 
 /// Arguments of `rocgate serve`.

@@ -26,6 +26,14 @@ pub(crate) fn quoted(text: &str) -> Quoted<'_> {
     Quoted(text)
 }
 
+/// What keeps `token` out of an `Authorization` header, as `[admin] token` is checked
+/// (a control character but a tab inside it, a space or tab before or after it), said
+/// without the token, which is a secret; `None` for a token a header carries.
+/// `rocgate hints` checks the token it is given to send so.
+pub fn unsendable_token(token: &str) -> Option<String> {
+    (!raw::is_header_value(token)).then(|| raw::unsendable(token))
+}
+
 /// `text` with each character `escape` picks written as `{:?}` writes it (`\u{1b}`,
 /// `\n`), the rest as is: text shown to a user whose control characters would act
 /// on the terminal, break a line, or show as nothing.

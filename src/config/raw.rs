@@ -1440,7 +1440,7 @@ fn is_token(s: &str) -> bool {
 
 /// Whether `s` can arrive as a header's value: no control characters but tabs (RFC
 /// 9110 §5.5), and no leading or trailing whitespace (a parser strips it).
-fn is_header_value(s: &str) -> bool {
+pub(super) fn is_header_value(s: &str) -> bool {
     !s.starts_with([' ', '\t'])
         && !s.ends_with([' ', '\t'])
         && s.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
@@ -1448,7 +1448,7 @@ fn is_header_value(s: &str) -> bool {
 
 /// What keeps `token`, which [`is_header_value`] refuses, out of a header, said
 /// without the token: it is a secret, and the error goes to logs.
-fn unsendable(token: &str) -> String {
+pub(super) fn unsendable(token: &str) -> String {
     let len = token.chars().count();
     if token.starts_with([' ', '\t']) {
         return format!("whitespace before a token of {len} characters");
