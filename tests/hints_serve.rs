@@ -754,7 +754,9 @@ async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
 
 /// A token file that cannot be read, is empty, or holds what no `Authorization` header
 /// carries is refused naming the file, before anything is sent (exit 2), as an empty
-/// `ROCGATE__ADMIN__TOKEN` is; the token itself is never printed.
+/// `ROCGATE__ADMIN__TOKEN` is; the token itself is never printed. A file over 64 KiB
+/// is refused unread past that: `--token-file /dev/zero`, or a log named by mistake,
+/// was read whole into memory (and a 64 KiB one sent as the token).
 #[test]
 fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -769,6 +771,7 @@ fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
     let spaced = file("spaced", b" s3cret\n");
     let two_lines = file("two-lines", b"s3cret\nmore\n");
     let binary = file("binary", b"s3\xffcret");
+    let huge = file("huge", &[b's'; 64 * 1024 + 1]);
     for (path, why) in [
         (&missing, "cannot be read: No such file or directory (os error 2)"),
         (&empty, "is empty: it holds no token"),
@@ -785,6 +788,10 @@ fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
             "holds what an Authorization header cannot carry: the control character U+000A as character 7 of 11",
         ),
         (&binary, "is not UTF-8 text"),
+        (
+            &huge,
+            "is over 64 KiB: it holds more than a token (read no further)",
+        ),
     ] {
         let out = hints_with(&["--admin", "http://127.0.0.1:9", "--token-file", path], None);
         assert_eq!(out.status.code(), Some(2), "{path}");

@@ -24,6 +24,10 @@ use std::time::Duration;
 /// The variable `serve` reads `[admin] token` from; hints sends its token too.
 const TOKEN_VAR: &str = "ROCGATE__ADMIN__TOKEN";
 
+/// The most of a `--token-file` read: a token is tens of bytes, and a file over this
+/// (`/dev/zero`, a log named by mistake) is refused, not read whole into memory.
+const TOKEN_FILE_MAX: u64 = 64 * 1024;
+
 /// How long the whole request may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -195,12 +199,22 @@ impl Token {
 
 /// The token held by the file at `path` (`--token-file`), without the line break it
 /// may end in, or what is wrong with the file, naming it: it cannot be read, is not
-/// UTF-8 text, is empty, or holds what an `Authorization` header cannot carry, as
-/// `[admin] token` is checked (the token itself is never shown).
+/// UTF-8 text, is empty, is over [`TOKEN_FILE_MAX`] (read no further), or holds what
+/// an `Authorization` header cannot carry, as `[admin] token` is checked (the token
+/// itself is never shown).
 fn token_from_file(path: &Path) -> Result<Token, String> {
+    use std::io::Read as _;
     let shown = path.display();
-    let bytes =
-        std::fs::read(path).map_err(|e| format!("--token-file: {shown} cannot be read: {e}"))?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(TOKEN_FILE_MAX + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("--token-file: {shown} cannot be read: {e}"))?;
+    if bytes.len() as u64 > TOKEN_FILE_MAX {
+        return Err(format!(
+            "--token-file: {shown} is over {} KiB: it holds more than a token (read no further)",
+            TOKEN_FILE_MAX / 1024
+        ));
+    }
     let text =
         String::from_utf8(bytes).map_err(|_| format!("--token-file: {shown} is not UTF-8 text"))?;
     let token = text.strip_suffix('\n').unwrap_or(&text);
