@@ -803,6 +803,26 @@ fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
         );
         assert!(!stderr.contains("s3"), "{stderr}");
     }
+    // A path is shown with its control characters escaped, as check-config's and
+    // simulate's are: an escape sequence in the name acted on the terminal.
+    let odd = dir.path().join("gone\u{1b}[2J");
+    let out = hints_with(
+        &[
+            "--admin",
+            "http://127.0.0.1:9",
+            "--token-file",
+            odd.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        format!(
+            "--token-file: {}/gone\\u{{1b}}[2J cannot be read: No such file or directory (os error 2)",
+            dir.path().display()
+        )
+    );
     let out = hints_with(&["--admin", "http://127.0.0.1:9"], Some(""));
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(

@@ -204,7 +204,7 @@ impl Token {
 /// itself is never shown).
 fn token_from_file(path: &Path) -> Result<Token, String> {
     use std::io::Read as _;
-    let shown = path.display();
+    let shown = super::shown(path);
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|file| file.take(TOKEN_FILE_MAX + 1).read_to_end(&mut bytes))
@@ -227,7 +227,7 @@ fn token_from_file(path: &Path) -> Result<Token, String> {
             "--token-file: {shown} holds what an Authorization header cannot carry: {why}"
         ));
     }
-    Token::new(token, shown.to_string())
+    Token::new(token, shown)
 }
 
 /// The token `ROCGATE__ADMIN__TOKEN` holds (`value`), none where it is unset, or what
