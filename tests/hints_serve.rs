@@ -680,7 +680,8 @@ async fn the_cli_prints_as_json_only_a_hints_report() {
 /// `127.1` is such a `Host` here (the resolver reads it as 127.0.0.1, the admin API
 /// does not take it for an IP address), standing in for the host's own name not listed
 /// in `[admin] allowed_hosts`. Refused, hints prints the API's own answer and says how
-/// to pass the token; a token file may end in a line break. Without a token, and with
+/// to pass the token; a token file may end in a line break, and begin with a byte
+/// order mark (which was sent as the token's first character, and refused). Without a token, and with
 /// either, it used to take no such flag (exit 2) and send none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
@@ -694,6 +695,8 @@ async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
         path.to_str().unwrap().to_owned()
     };
     let good = file("token", b"s3cret\n");
+    // As Notepad saves it: a byte order mark, a CRLF.
+    let marked = file("marked", "\u{feff}s3cret\r\n".as_bytes());
     let wrong = file("wrong", b"other");
     let run = |args: Vec<String>, token: Option<&'static str>| {
         tokio::task::spawn_blocking(move || {
@@ -739,6 +742,7 @@ async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
     );
     for (args, token) in [
         (admin_args(&["--token-file", &good]), None),
+        (admin_args(&["--token-file", &marked]), None),
         (admin_args(&[]), Some("s3cret")),
         // The file is read before the variable.
         (admin_args(&["--token-file", &good]), Some("other")),

@@ -197,11 +197,11 @@ impl Token {
     }
 }
 
-/// The token held by the file at `path` (`--token-file`), without the line break it
-/// may end in, or what is wrong with the file, naming it: it cannot be read, is not
-/// UTF-8 text, is empty, is over [`TOKEN_FILE_MAX`] (read no further), or holds what
-/// an `Authorization` header cannot carry, as `[admin] token` is checked (the token
-/// itself is never shown).
+/// The token held by the file at `path` (`--token-file`), without the byte order mark
+/// it may begin with and the line break it may end in, or what is wrong with the file,
+/// naming it: it cannot be read, is not UTF-8 text, is empty, is over
+/// [`TOKEN_FILE_MAX`] (read no further), or holds what an `Authorization` header
+/// cannot carry, as `[admin] token` is checked (the token itself is never shown).
 fn token_from_file(path: &Path) -> Result<Token, String> {
     use std::io::Read as _;
     let shown = super::shown(path);
@@ -217,7 +217,9 @@ fn token_from_file(path: &Path) -> Result<Token, String> {
     }
     let text =
         String::from_utf8(bytes).map_err(|_| format!("--token-file: {shown} is not UTF-8 text"))?;
-    let token = text.strip_suffix('\n').unwrap_or(&text);
+    // A byte order mark (Notepad's "UTF-8 with BOM") is no part of the token.
+    let token = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let token = token.strip_suffix('\n').unwrap_or(token);
     let token = token.strip_suffix('\r').unwrap_or(token);
     if token.trim().is_empty() {
         return Err(format!("--token-file: {shown} is empty: it holds no token"));
