@@ -13,8 +13,9 @@ use rocgate::config::Config;
 use rocgate::proxy::Proxy;
 use serde_json::Value;
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::net::SocketAddr;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -350,13 +351,40 @@ fn hints(args: &[&str]) -> Output {
 /// [`hints`] with `ROCGATE__ADMIN__TOKEN` set to `token`, or unset (whatever the test
 /// runner's environment holds).
 fn hints_with(args: &[&str], token: Option<&str>) -> Output {
+    hints_command(args, token).output().unwrap()
+}
+
+/// [`hints_with`], its standard input a pipe that `input` is written into: read through
+/// `--token-file /dev/stdin`, it stands in for the pipe that a shell's process
+/// substitution (`--token-file <(printf %s "$TOKEN")`) names `/dev/fd/63`.
+fn hints_fed(args: &[&str], token: Option<&str>, input: &[u8]) -> Output {
+    let mut child = hints_command(args, token)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    // An error is the command's having read no further, which the test reads in its
+    // output; the pipe closes as the thread ends.
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+/// The command [`hints_with`] runs.
+fn hints_command(args: &[&str], token: Option<&str>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
     command.arg("hints").args(args);
     match token {
         Some(token) => command.env("ROCGATE__ADMIN__TOKEN", token),
         None => command.env_remove("ROCGATE__ADMIN__TOKEN"),
     };
-    command.output().unwrap()
+    command
 }
 
 /// Runs `rocgate hints --admin http://{admin}` followed by `more`, off the runtime's
@@ -638,7 +666,7 @@ fn a_refused_admin_or_period_says_what_is_wrong_with_it() {
         (
             "http://user:pw@127.0.0.1:9090",
             "15m",
-            "--admin: must not carry user info (user:password@): hints sends none; pass the admin token with --token-file PATH or the variable ROCGATE__ADMIN__TOKEN, got \"http://user:***@127.0.0.1:9090\"",
+            "--admin: must not carry user info (user:password@): hints sends none; pass the admin token with --token-file PATH, got \"http://user:***@127.0.0.1:9090\"",
         ),
         (
             "http://127.0.0.1:9",
@@ -673,18 +701,19 @@ async fn the_cli_prints_as_json_only_a_hints_report() {
     }
 }
 
-/// `rocgate hints` sends the admin token, read from `--token-file PATH` or the
-/// variable `ROCGATE__ADMIN__TOKEN` (the one `serve` reads for `[admin] token`), as
+/// `rocgate hints` sends the admin token, read from `--token-file PATH`, as
 /// `Authorization: Bearer`: from loopback, an admin API refuses (403) a `Host` that is
 /// none of this host's names unless the request carries it, and hints could send none.
 /// `127.1` is such a `Host` here (the resolver reads it as 127.0.0.1, the admin API
 /// does not take it for an IP address), standing in for the host's own name not listed
 /// in `[admin] allowed_hosts`. Refused, hints prints the API's own answer and says how
 /// to pass the token; a token file may end in a line break, and begin with a byte
-/// order mark (which was sent as the token's first character, and refused). Without a token, and with
-/// either, it used to take no such flag (exit 2) and send none.
+/// order mark (which was sent as the token's first character, and refused). Without a
+/// token, and with one, it used to take no such flag (exit 2) and send none. The
+/// variable `ROCGATE__ADMIN__TOKEN` (the one `serve` reads for `[admin] token`) is not
+/// sent: it was, from wherever it was exported, to whatever `--admin` named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
+async fn the_cli_sends_the_admin_token_from_a_file_only() {
     let config = format!("{CONFIG}\n[admin]\ntoken = \"s3cret\"\n");
     let (_listen, admin, stop) = start_with(&config).await;
     let url = format!("http://127.1:{}", admin.port());
@@ -715,18 +744,22 @@ async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
          (list it there if it is one of this host's names), or a request with the bearer token",
         admin.port()
     );
-    let out = run(admin_args(&[]), None).await.unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("answered 403 Forbidden: "), "{stderr}");
-    assert!(stderr.contains(&refused), "{stderr}");
-    assert!(
-        stderr.contains(
-            "the admin API refused the request: with [admin] token set, pass its token \
-             with --token-file PATH or the variable ROCGATE__ADMIN__TOKEN"
-        ),
-        "{stderr}"
-    );
+    // With the variable too: it is no token given to hints.
+    for token in [None, Some("s3cret")] {
+        let out = run(admin_args(&[]), token).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{token:?}: {stderr}");
+        assert!(stderr.contains("answered 403 Forbidden: "), "{stderr}");
+        assert!(stderr.contains(&refused), "{stderr}");
+        assert!(
+            stderr.contains(
+                "the admin API refused the request: with [admin] token set, pass its token \
+                 with --token-file PATH (one held in a variable as \
+                 --token-file <(printf %s \"$ROCGATE__ADMIN__TOKEN\"))"
+            ),
+            "{token:?}: {stderr}"
+        );
+    }
     let out = run(admin_args(&["--token-file", &wrong]), None)
         .await
         .unwrap();
@@ -743,8 +776,7 @@ async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
     for (args, token) in [
         (admin_args(&["--token-file", &good]), None),
         (admin_args(&["--token-file", &marked]), None),
-        (admin_args(&[]), Some("s3cret")),
-        // The file is read before the variable.
+        // The file is sent, not the variable.
         (admin_args(&["--token-file", &good]), Some("other")),
     ] {
         let out = run(args.clone(), token).await.unwrap();
@@ -757,12 +789,13 @@ async fn the_cli_sends_the_admin_token_from_a_file_or_the_variable() {
 }
 
 /// A token file that cannot be read, is empty, or holds what no `Authorization` header
-/// carries is refused naming the file, before anything is sent (exit 2), as an empty
-/// `ROCGATE__ADMIN__TOKEN` is; the token itself is never printed. A file over 64 KiB
-/// is refused unread past that: `--token-file /dev/zero`, or a log named by mistake,
-/// was read whole into memory (and a 64 KiB one sent as the token).
+/// carries is refused naming the file, before anything is sent (exit 2); the token
+/// itself is never printed. A file over 64 KiB is refused unread past that:
+/// `--token-file /dev/zero`, or a log named by mistake, was read whole into memory (and
+/// a 64 KiB one sent as the token); a pipe so (`<(cat big.log)`). An empty or unsendable
+/// `ROCGATE__ADMIN__TOKEN` is not read: it was refused (exit 2), read as the token to send.
 #[test]
-fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
+fn a_token_file_that_gives_no_token_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = |name: &str, text: &[u8]| {
         let path = dir.path().join(name);
@@ -827,16 +860,92 @@ fn a_token_file_or_variable_that_gives_no_token_is_refused_naming_it() {
             dir.path().display()
         )
     );
-    let out = hints_with(&["--admin", "http://127.0.0.1:9"], Some(""));
-    assert_eq!(out.status.code(), Some(2));
+    let args = [
+        "--admin",
+        "http://127.0.0.1:9",
+        "--token-file",
+        "/dev/stdin",
+    ];
+    for (input, why) in [
+        (&b""[..], "is empty: it holds no token"),
+        (
+            &[b's'; 64 * 1024 + 1][..],
+            "is over 64 KiB: it holds more than a token (read no further)",
+        ),
+    ] {
+        let out = hints_fed(&args, None, input);
+        assert_eq!(out.status.code(), Some(2), "{}", input.len());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            format!("--token-file: /dev/stdin {why}")
+        );
+    }
+    // Nothing listens at port 9: the request was tried, the variable not read.
+    for token in ["", "s3\tcret\r"] {
+        let out = hints_with(&["--admin", "http://127.0.0.1:9"], Some(token));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{token:?}: {stderr}");
+        assert!(stderr.contains("cannot connect"), "{token:?}: {stderr}");
+        assert!(!stderr.contains("ROCGATE__ADMIN__TOKEN"), "{stderr}");
+    }
+}
+
+/// With `ROCGATE__ADMIN__TOKEN` set and no `--token-file`, `rocgate hints` sends no
+/// `Authorization` header: it sent the variable's token to whatever `--admin` named,
+/// over plain HTTP, where it was exported (as it is wherever `serve` runs with it); the
+/// proxy's port, named by mistake, passed it on to the application, as this stub, which
+/// records what it is sent, would. Given as a pipe, as a shell's process substitution
+/// gives it (`--token-file <(printf %s "$ROCGATE__ADMIN__TOKEN")`), the token is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_variable_alone_sends_no_authorization_header() {
+    let sent: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let seen = Arc::clone(&sent);
+    let app = Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        seen.lock().unwrap().push(
+            headers
+                .get(axum::http::header::AUTHORIZATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        );
+        async move {
+            (
+                [("content-type", "application/json")],
+                r#"{"period_s":900,"interval_s":10,"routes":[]}"#,
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stub = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let out = tokio::task::spawn_blocking({
+        let stub = stub.clone();
+        move || hints_with(&["--admin", &stub], Some("s3cret"))
+    })
+    .await
+    .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim_end(),
-        "ROCGATE__ADMIN__TOKEN: must not be empty; unset it to send no token"
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let out = hints_with(&["--admin", "http://127.0.0.1:9"], Some("s3\tcret\r"));
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(*sent.lock().unwrap(), [None]);
+    let out = tokio::task::spawn_blocking(move || {
+        hints_fed(
+            &["--admin", &stub, "--token-file", "/dev/stdin"],
+            Some("other"),
+            b"s3cret",
+        )
+    })
+    .await
+    .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim_end(),
-        "ROCGATE__ADMIN__TOKEN: holds what an Authorization header cannot carry: the control character U+000D as character 8 of 8"
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        *sent.lock().unwrap(),
+        [None, Some("Bearer s3cret".to_owned())]
     );
 }

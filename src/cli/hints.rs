@@ -2,9 +2,13 @@
 //! (`GET /admin/hints`) and prints them as a table, or as the JSON it returned.
 //!
 //! The admin token, where one is needed (a request from loopback whose `Host` is none
-//! of this host's names), is read from `--token-file PATH` or, without it, the
-//! variable `ROCGATE__ADMIN__TOKEN`, the one `serve` reads `[admin] token` from; never
-//! from a flag's value, which any user on the host reads in `ps`.
+//! of this host's names), is read from `--token-file PATH`, and sent only so: never
+//! from a flag's value, which any user on the host reads in `ps`, nor from the variable
+//! `ROCGATE__ADMIN__TOKEN` that `serve` reads `[admin] token` from, which is set
+//! wherever `serve` runs with it, and was sent to whatever `--admin` named (the proxy's
+//! port by mistake, which passed it on to the application). A token held in a variable
+//! is passed as `--token-file <(printf %s "$ROCGATE__ADMIN__TOKEN")`: a pipe is read
+//! as a file is.
 //!
 //! Exit codes: 0 with hints printed, 1 when the admin API cannot be reached or
 //! answers with an error, 2 for a bad `--admin` URL, `--period` or token.
@@ -20,9 +24,6 @@ use rocgate::store::masked_url;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// The variable `serve` reads `[admin] token` from; hints sends its token too.
-const TOKEN_VAR: &str = "ROCGATE__ADMIN__TOKEN";
 
 /// The most of a `--token-file` read: a token is tens of bytes, and a file over this
 /// (`/dev/zero`, a log named by mistake) is refused, not read whole into memory.
@@ -69,11 +70,7 @@ pub(crate) fn run(args: HintsArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let token = match &args.token_file {
-        Some(path) => token_from_file(path).map(Some),
-        None => token_from_var(std::env::var_os(TOKEN_VAR)),
-    };
-    let token = match token {
+    let token = match args.token_file.as_deref().map(token_from_file).transpose() {
         Ok(token) => token,
         Err(wrong) => {
             eprintln!("{wrong}");
@@ -152,7 +149,7 @@ fn admin_root(admin: &str) -> Result<String, String> {
     if authority.as_str().contains('@') {
         return Err(
             "must not carry user info (user:password@): hints sends none; pass the \
-             admin token with --token-file PATH or the variable ROCGATE__ADMIN__TOKEN"
+             admin token with --token-file PATH"
                 .to_owned(),
         );
     }
@@ -183,7 +180,7 @@ fn has_port(authority: &str) -> bool {
 struct Token {
     /// `Bearer <token>`, marked sensitive.
     header: http::HeaderValue,
-    /// The file's path, or the variable.
+    /// The file's path, as shown.
     from: String,
 }
 
@@ -232,29 +229,6 @@ fn token_from_file(path: &Path) -> Result<Token, String> {
     Token::new(token, shown)
 }
 
-/// The token `ROCGATE__ADMIN__TOKEN` holds (`value`), none where it is unset, or what
-/// is wrong with it, as `serve` refuses it: empty, not UTF-8, or holding what an
-/// `Authorization` header cannot carry.
-fn token_from_var(value: Option<std::ffi::OsString>) -> Result<Option<Token>, String> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    let token = value
-        .into_string()
-        .map_err(|_| format!("{TOKEN_VAR}: is not UTF-8 text"))?;
-    if token.trim().is_empty() {
-        return Err(format!(
-            "{TOKEN_VAR}: must not be empty; unset it to send no token"
-        ));
-    }
-    if let Some(why) = rocgate::config::unsendable_token(&token) {
-        return Err(format!(
-            "{TOKEN_VAR}: holds what an Authorization header cannot carry: {why}"
-        ));
-    }
-    Token::new(&token, format!("the variable {TOKEN_VAR}")).map(Some)
-}
-
 /// The response body of a GET, with `token` in `Authorization` if given, or why there
 /// is none. A 401 or 403 says, after the API's answer, how to pass the token, or that
 /// the one sent was not taken.
@@ -295,10 +269,10 @@ fn fetch(url: http::Uri, token: Option<&Token>) -> Result<String, String> {
             ) {
                 said.push('\n');
                 said.push_str(&match token {
-                    None => format!(
-                        "the admin API refused the request: with [admin] token set, pass \
-                         its token with --token-file PATH or the variable {TOKEN_VAR}"
-                    ),
+                    None => "the admin API refused the request: with [admin] token set, pass \
+                             its token with --token-file PATH (one held in a variable as \
+                             --token-file <(printf %s \"$ROCGATE__ADMIN__TOKEN\"))"
+                        .to_owned(),
                     Some(token) => format!(
                         "the token sent, from {}, was not taken: it is not the admin API's \
                          [admin] token, or the API has none",

@@ -51,7 +51,8 @@ pub(crate) struct HintsArgs {
     #[arg(long)]
     pub(crate) json: bool,
     /// A file holding the admin API's token (`[admin] token`), sent as
-    /// `Authorization: Bearer`; without it, the variable ROCGATE__ADMIN__TOKEN, if set.
+    /// `Authorization: Bearer`; without it, no token is sent. A token held in a
+    /// variable: --token-file <(printf %s "$ROCGATE__ADMIN__TOKEN").
     #[arg(long, value_name = "PATH")]
     pub(crate) token_file: Option<PathBuf>,
 }
