@@ -2467,3 +2467,63 @@ async fn a_refusal_by_the_keys_total_carries_retry_after_and_the_reason() {
         1
     );
 }
+
+/// A layer around the whole router and another on one route, over one engine (as a
+/// router-wide layer and a route's own, both built from one builder): a request both
+/// see is one arrival, decided and counted once. The inner layer decided it again, so
+/// each request counted twice (the route's second request of a burst of 2 refused,
+/// its ROC and offered count twice the traffic). A layer over another engine decides
+/// it as its own.
+#[tokio::test]
+async fn two_layers_over_one_engine_decide_a_request_once() {
+    let mut order = route("order", RouteMatch::exact("POST", "/api/order"), 2.0);
+    order.controller.cut_limit_rps = 2.0;
+    let (outer, clock) = layer(vec![order]);
+    let inner = outer.clone();
+    let hits = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route(
+            "/api/order",
+            post({
+                let hits = hits.clone();
+                move || async move {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                    "ordered"
+                }
+            })
+            .layer(inner),
+        )
+        .layer(outer.clone());
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(hits.load(Ordering::Relaxed), 2);
+    let snapshot = &outer.engine().snapshot(clock.now())[0];
+    assert_eq!((snapshot.offered, snapshot.admitted), (3, 2));
+
+    // Under another engine's layer, of 1 a second, the route's second request is that
+    // engine's to refuse, though the outer engine admits it.
+    let mut strict = route("order", RouteMatch::exact("POST", "/api/order"), 1.0);
+    strict.controller.cut_limit_rps = 1.0;
+    let (other, _) = layer(vec![strict]);
+    let mut roomy = route("order", RouteMatch::exact("POST", "/api/order"), 5.0);
+    roomy.controller.cut_limit_rps = 5.0;
+    let (outer, _) = layer(vec![roomy]);
+    let app = Router::new()
+        .route("/api/order", post(|| async { "ordered" }).layer(other))
+        .layer(outer);
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
+    }
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+}

@@ -3,7 +3,7 @@
 //! calls it once admitted and ready.
 
 use super::future::{ResponseFuture, Wait};
-use super::layer::{Gate, MatchedRoute, Place};
+use super::layer::{DecidedBy, Gate, MatchedRoute, Place};
 use super::rejection;
 use crate::limiter::{Admit, Decision, Permit};
 use bytes::Bytes;
@@ -130,6 +130,12 @@ where
 
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let gate = &*self.gate;
+        // Admitted by a layer over this engine already (outside this one, over the
+        // same engine): one arrival, decided once.
+        let decided_by = req.extensions().get::<DecidedBy>();
+        if decided_by.is_some_and(|by| by.includes(gate.engine.id())) {
+            return self.forward(req, None, None);
+        }
         let engine = gate.engine.guard();
         let Some(route) = gate.route_of(&engine, &req) else {
             return self.forward(req, None, None);
@@ -155,6 +161,7 @@ where
                 return ResponseFuture::rejected(res);
             }
         };
+        self.mark_decided(&mut req);
         // The name's `Arc` is cloned only when it is handed on: its count is one word
         // every core's admitted requests would write.
         let label = gate
@@ -199,6 +206,18 @@ where
 }
 
 impl<S: Clone> AdmissionService<S> {
+    /// Marks an admitted request as decided by this service's engine, for a layer over
+    /// the same engine inside this one to pass through ([`DecidedBy`]). Not a request
+    /// that `rocgate serve`'s forwarder takes its route through the slot of: no layer
+    /// lies inside this one there, and the mark would cost an allocation per request.
+    fn mark_decided<ReqBody>(&self, req: &mut Request<ReqBody>) {
+        #[cfg(feature = "proxy")]
+        if self.route_slot.is_some() {
+            return;
+        }
+        DecidedBy::mark(req, self.gate.engine.id());
+    }
+
     /// Passes an admitted request on: called at once if the inner service is ready
     /// now (the common case, at no cost beyond its `poll_ready`), else taken along
     /// with that service to be called once it is.
