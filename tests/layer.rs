@@ -2527,3 +2527,38 @@ async fn two_layers_over_one_engine_decide_a_request_once() {
     }
     assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
 }
+
+/// An empty `X-Forwarded-For` entry reached in the walk stands where a trusted proxy
+/// should have named its peer: the request is keyed by the proxy right of it (the
+/// peer, for a trailing comma), never by what lies left of it, which a client may have
+/// written; a client cannot take a fresh key by writing a fresh address there.
+#[tokio::test]
+async fn an_empty_forwarded_for_entry_keys_by_the_proxy_right_of_it() {
+    let mut config = order_per_client("rq-empty-entry");
+    config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    let app = app(
+        AdmissionLayer::from_config(&config).unwrap(),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let status = |xff| {
+        let app = app.clone();
+        async move {
+            app.oneshot(order_from(xff, "10.0.0.1"))
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(status("203.0.113.1, , 10.0.0.2").await, StatusCode::OK);
+    assert_eq!(
+        status("203.0.113.9, , 10.0.0.2").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "10.0.0.2's key"
+    );
+    assert_eq!(status("203.0.113.1, 10.0.0.3,").await, StatusCode::OK);
+    assert_eq!(
+        status("203.0.113.9, 10.0.0.3,").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the peer's key"
+    );
+}

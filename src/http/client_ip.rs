@@ -23,7 +23,13 @@ pub struct PeerAddr(pub SocketAddr);
 /// proxy appended) past every trusted address; the first untrusted one is the client.
 /// An entry may carry a port (`203.0.113.7:5123`, `[2001:db8::7]:443`), which is
 /// ignored, and an IPv6 address may be in brackets without one (`[2001:db8::7]`); a
-/// malformed entry ends the walk. With [`ClientIpHeader::Forwarded`]
+/// malformed entry ends the walk, the address right of it (the last one verified) the
+/// client. So does an empty one (`203.0.113.7, , 10.0.0.2`, a trailing comma): reached,
+/// it stands where a trusted proxy should have named its peer, and skipped (as nginx's
+/// realip module skips it) the walk would go on into what that peer sent, which a
+/// client may have written. Such requests share the key of the proxy right of it, as
+/// they would with Envoy (which takes the connection's address): no key is the
+/// client's, and a key a client cannot choose is the one a limiter may use. With [`ClientIpHeader::Forwarded`]
 /// ([`with_header`](Self::with_header)), RFC 7239's `Forwarded` is walked the same way
 /// instead, through the `for=` of each element (`for=203.0.113.7`,
 /// `for="[2001:db8::7]:443"`, `for="203.0.113.7:_p1"` with an obfuscated port); an
@@ -38,8 +44,9 @@ pub struct PeerAddr(pub SocketAddr);
 /// the hops-th entry from the right (the right-most being the one the peer appended),
 /// whatever the addresses. A header with fewer entries (a request that came through
 /// fewer proxies, each entry then one of theirs) gives its left-most; a malformed
-/// entry ends the walk as it does through trusted networks, the entry right of it
-/// taken (the peer, if it is the right-most).
+/// or empty entry is counted as an entry, as Envoy counts it, and ends the walk as it
+/// does through trusted networks, the entry right of it taken (the peer, if it is the
+/// right-most).
 ///
 /// ```
 /// use rocgate::http::ClientIpResolver;
@@ -522,6 +529,31 @@ mod tests {
         // A network wider than the mapped range stays as written.
         let r = ClientIpResolver::new(vec!["::/0".parse().unwrap()]);
         assert!(r.is_trusted(ip("2001:db8::1")));
+    }
+
+    /// An empty entry (`a, , b`, a trailing comma) is no address, and ends the walk as
+    /// a malformed entry does, the entry right of it the key. Reached, it stands where a
+    /// trusted proxy should have named its peer: skipped, as nginx's realip module
+    /// skips it, the walk would go on into what that peer sent, which a client may have
+    /// written. With trusted hops it is counted as an entry, as Envoy counts it.
+    /// Left of the client's entry (a client's own trailing comma) it is never reached.
+    #[test]
+    fn an_empty_entry_ends_the_walk_and_is_counted_as_a_hop() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let peer = Some(ip("10.0.0.1"));
+        let h = headers(&["6.6.6.6, , 10.0.0.2"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")));
+        let h = headers(&["6.6.6.6, 10.0.0.2,"]);
+        assert_eq!(r.resolve(peer, &h), peer);
+        let h = headers(&["6.6.6.6,, 203.0.113.7, 10.0.0.2"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let h = headers(&["", "203.0.113.7"]);
+        assert_eq!(r.resolve(peer, &h), Some(ip("203.0.113.7")));
+        let two = ClientIpResolver::default().with_trusted_hops(2);
+        let h = headers(&["6.6.6.6, , 198.51.100.1"]);
+        assert_eq!(two.resolve(peer, &h), Some(ip("198.51.100.1")));
+        let h = headers(&["6.6.6.6, 198.51.100.1,"]);
+        assert_eq!(two.resolve(peer, &h), peer);
     }
 
     /// With trusted hops the client is the hops-th entry from the right, whatever
