@@ -2562,3 +2562,37 @@ async fn an_empty_forwarded_for_entry_keys_by_the_proxy_right_of_it() {
         "the peer's key"
     );
 }
+
+/// An IPv6 client a proxy names with its zone id (`fe80::1%eth0`, or `%25` for the
+/// `%` as a URI writes it) is keyed by its address: the zone is the proxy's
+/// interface. Every spelling but a numeric zone in brackets with a port ended the
+/// walk, and each such client took the proxy's key, one bucket for all of them.
+#[tokio::test]
+async fn an_ipv6_client_named_with_its_zone_id_is_a_key_of_its_own() {
+    let mut config = order_per_client("rq-zone");
+    config.server.trusted_proxies = vec!["10.0.0.0/8".parse().unwrap()];
+    // Each address a key (link-local clients share their /64, fe80::, by default).
+    if let Partition::ClientIp(limits) = &mut config.routes[0].partition {
+        limits.ipv6_prefix = 128;
+    }
+    let app = app(
+        AdmissionLayer::from_config(&config).unwrap(),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let status = |xff| {
+        let app = app.clone();
+        async move {
+            app.oneshot(order_from(xff, "10.0.0.1"))
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(status("fe80::1%eth0").await, StatusCode::OK);
+    assert_eq!(status("fe80::2%eth0").await, StatusCode::OK, "its own key");
+    assert_eq!(
+        status("[fe80::1%25eth1]:443").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "fe80::1's key"
+    );
+}

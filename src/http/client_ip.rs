@@ -173,8 +173,35 @@ impl ClientIpResolver {
 /// The address of a forwarding entry or node: an address (`1.2.3.4`, `2001:db8::1`),
 /// one with its port (`1.2.3.4:5678`, `[2001:db8::1]:443`) or an obfuscated port
 /// (`1.2.3.4:_p1`, RFC 7239 §6.3), or an IPv6 address in brackets without one
-/// (`[2001:db8::1]`, as RFC 7239 writes it).
+/// (`[2001:db8::1]`, as RFC 7239 writes it). An IPv6 address's zone id
+/// (`fe80::1%eth0`, `[fe80::1%25eth0]:443`) is dropped: it names an interface of the
+/// host that wrote the entry, which means nothing here, and the address is the client.
+/// A zone on an IPv4 address, or an empty one, makes the entry malformed.
 fn node_address(entry: &str) -> Option<IpAddr> {
+    match entry.split_once('%') {
+        Some((address, zoned)) => {
+            // The zone runs to the closing bracket, or to the end of a bare address.
+            let (zone, after) = zoned.split_at(zoned.find(']').unwrap_or(zoned.len()));
+            let ip = is_zone(zone)
+                .then(|| address_of(&format!("{address}{after}")))
+                .flatten()?;
+            ip.is_ipv6().then_some(ip)
+        }
+        None => address_of(entry),
+    }
+}
+
+/// Whether `zone` is an IPv6 zone id as a URI writes one (RFC 6874: letters, digits,
+/// `-`, `.`, `_`, `~`, and `%` for a byte escaped, as the `%25` its `%` is written as).
+fn is_zone(zone: &str) -> bool {
+    !zone.is_empty()
+        && zone
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'%'))
+}
+
+/// The address of an entry without a zone id.
+fn address_of(entry: &str) -> Option<IpAddr> {
     if let Ok(ip) = entry.parse::<IpAddr>() {
         return Some(ip);
     }
@@ -529,6 +556,51 @@ mod tests {
         // A network wider than the mapped range stays as written.
         let r = ClientIpResolver::new(vec!["::/0".parse().unwrap()]);
         assert!(r.is_trusted(ip("2001:db8::1")));
+    }
+
+    /// An IPv6 address with a zone id (`fe80::1%eth0`, as a proxy on the client's link
+    /// may write it; `%25` as a URI writes the `%`) is its address: the zone names an
+    /// interface of the proxy's host, which means nothing here. Only a numeric zone in
+    /// brackets with a port was read (`[fe80::1%2]:443`); every other spelling ended
+    /// the walk, and the client behind it took the next proxy's key.
+    #[test]
+    fn an_ipv6_zone_id_is_no_part_of_the_address() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let forwarded_only = r.clone().with_header(ClientIpHeader::Forwarded);
+        let peer = Some(ip("10.0.0.1"));
+        for zoned in [
+            "fe80::1%eth0",
+            "fe80::1%2",
+            "[fe80::1%eth0]",
+            "[fe80::1%eth0]:443",
+            "[fe80::1%25eth0]:443",
+            "[fe80::1%2]:443",
+            "[fe80::1%eth0]:_p1",
+        ] {
+            let h = headers(&[&format!("6.6.6.6, {zoned}, 10.0.0.2")]);
+            assert_eq!(r.resolve(peer, &h), Some(ip("fe80::1")), "{zoned}");
+            let h = forwarded(&[&format!("for=6.6.6.6, for=\"{zoned}\", for=10.0.0.2")]);
+            assert_eq!(
+                forwarded_only.resolve(peer, &h),
+                Some(ip("fe80::1")),
+                "{zoned}"
+            );
+        }
+        // A zone on an IPv4 address, an empty one, one holding what no zone holds, or
+        // one cut from its bracket is no address: the walk ends there.
+        for bad in [
+            "203.0.113.7%eth0",
+            "[203.0.113.7%eth0]:443",
+            "fe80::1%",
+            "[fe80::1%]:443",
+            "fe80::1%eth0:443",
+            "fe80::1%eth/0",
+            "[fe80::1%eth0:443",
+            "fe80::1%eth0]",
+        ] {
+            let h = headers(&[&format!("6.6.6.6, {bad}, 10.0.0.2")]);
+            assert_eq!(r.resolve(peer, &h), Some(ip("10.0.0.2")), "{bad}");
+        }
     }
 
     /// An empty entry (`a, , b`, a trailing comma) is no address, and ends the walk as
