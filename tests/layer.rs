@@ -2596,3 +2596,81 @@ async fn an_ipv6_client_named_with_its_zone_id_is_a_key_of_its_own() {
         "fe80::1's key"
     );
 }
+
+/// A trailing slash, under every route key and in tables small and indexed: an exact
+/// path and a template take a path with or without one (a client does not escape
+/// their limit by adding one), a catch-all's rest keeps it (`/files/` is not
+/// `/files/{*rest}`'s, as axum does not route it there), and a prefix is the text, as
+/// Envoy's `prefix`: `/sale/` takes `/sale/` and what follows, not `/sale`.
+#[tokio::test]
+async fn a_trailing_slash_is_matched_alike_by_exact_paths_and_templates() {
+    for key in [RouteKey::Config, RouteKey::Normalized] {
+        for fillers in [0, 8] {
+            let mut routes = vec![
+                route("order", RouteMatch::exact("GET", "/api/order"), 1.0),
+                route("item", RouteMatch::exact("GET", "/api/items/{id}"), 1.0),
+                route("files", RouteMatch::exact("GET", "/files/{*rest}"), 1.0),
+                route("sale", RouteMatch::prefix("/sale/"), 1.0),
+            ];
+            for n in 0..fillers {
+                let path = format!("/filler/{n}");
+                routes.push(route(
+                    &format!("filler{n}"),
+                    RouteMatch::exact("GET", &path),
+                    1.0,
+                ));
+            }
+            for r in &mut routes {
+                r.controller.cut_limit_rps = 1.0;
+            }
+            let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+            let engine =
+                Engine::new(&Config::new(routes), clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+            let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock)
+                .route_key(key)
+                .build();
+            let app = Router::new().fallback(|| async { "ok" }).layer(l);
+            let status = |path: &'static str| {
+                let app = app.clone();
+                async move {
+                    let req = Request::get(path).body(Body::empty()).unwrap();
+                    app.oneshot(req).await.unwrap().status()
+                }
+            };
+            let case = format!("{key:?}, {fillers} fillers");
+            for (first, other) in [
+                ("/api/order", "/api/order/"),
+                ("/api/items/7/", "/api/items/8"),
+                ("/files/a", "/files/b/"),
+            ] {
+                assert_eq!(status(first).await, StatusCode::OK, "{case}: {first}");
+                assert_eq!(
+                    status(other).await,
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "{case}: {other} is {first}'s route"
+                );
+            }
+            // `/sale` twice: counted by the prefix's route, the second would be refused.
+            for unrouted in ["/files/", "/files", "/sale", "/sale"] {
+                assert_eq!(status(unrouted).await, StatusCode::OK, "{case}: {unrouted}");
+            }
+            assert_eq!(status("/sale/").await, StatusCode::OK, "{case}");
+            assert_eq!(
+                status("/sale/x").await,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{case}"
+            );
+        }
+    }
+    // What README says of axum: a nested router's `/` is the nest's path without the
+    // slash, which a prefix ending in one does not take.
+    let nested = Router::new().nest("/sale", Router::new().route("/", get(|| async { "ok" })));
+    for (path, want) in [("/sale", StatusCode::OK), ("/sale/", StatusCode::NOT_FOUND)] {
+        let req = Request::get(path).body(Body::empty()).unwrap();
+        assert_eq!(
+            nested.clone().oneshot(req).await.unwrap().status(),
+            want,
+            "{path}"
+        );
+    }
+}
