@@ -9,7 +9,9 @@
 //! along, leaving a clone for the next request, and polls it to readiness before
 //! calling it. A rejection is a response (429 by default) with `Retry-After`,
 //! `RateLimit-Policy`/`RateLimit` headers and a small JSON body, never an `Err`.
-//! Every clone of the layer and of its services shares one engine. A leaky-bucket
+//! Every clone of the layer and of its services shares one engine, and a request one
+//! of them admitted passes any other over that engine untouched (a request extension
+//! marks it), so that stacked layers decide it once. A leaky-bucket
 //! route's pacing sleeps on tokio's timer: outside a tokio runtime with time enabled,
 //! a paced request's `call` panics (giving its place in the bucket back).
 //!
