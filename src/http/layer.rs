@@ -1,6 +1,7 @@
 //! [`AdmissionLayer`]: the tower layer, its builder, and the state all clones share.
 
 use super::client_ip::{ClientIpResolver, PeerAddr};
+use super::decided::Mark;
 use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
 use crate::config::{ClientIpHeader, Config, ConfigError, Partition};
@@ -11,7 +12,7 @@ use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::{HeaderValue, Request};
 use ipnet::IpNet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -35,36 +36,6 @@ pub enum RouteKey {
     /// against the config's patterns; requests without one match no route. Never the
     /// raw path.
     MatchedPath,
-}
-
-/// The engines that have admitted a request, as a request extension: a layer over
-/// one of them (a route's own layer inside a router-wide one, both over one engine)
-/// passes the request straight through, so that one arrival is decided and counted
-/// once. A request may pass layers over other engines too, each of which decides it.
-#[derive(Clone, Debug)]
-pub(crate) struct DecidedBy {
-    first: u64,
-    more: Vec<u64>,
-}
-
-impl DecidedBy {
-    /// Whether the engine of this id has decided the request.
-    pub(crate) fn includes(&self, engine: u64) -> bool {
-        self.first == engine || self.more.contains(&engine)
-    }
-
-    /// Marks `req` as admitted by the engine of this id.
-    pub(crate) fn mark<B>(req: &mut Request<B>, engine: u64) {
-        match req.extensions_mut().get_mut::<DecidedBy>() {
-            Some(by) => by.more.push(engine),
-            None => {
-                req.extensions_mut().insert(DecidedBy {
-                    first: engine,
-                    more: Vec::new(),
-                });
-            }
-        }
-    }
 }
 
 /// The rocgate route that admitted a request, as a request extension seen by the
@@ -96,23 +67,23 @@ pub struct MatchedRoute(pub Arc<str>);
 /// # Ok::<(), rocgate::config::ConfigError>(())
 /// ```
 #[derive(Clone)]
-pub struct SharedEngine(Arc<ArcSwap<Engine>>, u64);
-
-/// The id the next [`SharedEngine`] is made with.
-static NEXT_SHARED_ENGINE: AtomicU64 = AtomicU64::new(0);
+pub struct SharedEngine(Arc<ArcSwap<Engine>>, Arc<Mark>);
 
 impl SharedEngine {
     /// Shares `engine`.
     pub fn new(engine: Engine) -> Self {
-        let id = NEXT_SHARED_ENGINE.fetch_add(1, Ordering::Relaxed);
-        SharedEngine(Arc::new(ArcSwap::from_pointee(engine)), id)
+        SharedEngine(
+            Arc::new(ArcSwap::from_pointee(engine)),
+            Arc::new(Mark::new()),
+        )
     }
 
-    /// What tells this shared engine (and its clones) from every other made in the
-    /// process, however many are made and dropped: a layer finds by it whether its
-    /// engine has decided a request already.
-    pub(crate) fn id(&self) -> u64 {
-        self.1
+    /// The mark this shared engine (and its clones) leaves on the requests its layers
+    /// admit, which tells them from every other engine's while it lives: a layer finds
+    /// by it whether its engine has decided a request already.
+    #[inline]
+    pub(crate) fn mark(&self) -> &Mark {
+        &self.1
     }
 
     /// The engine in force now. Requests that loaded the one before keep it until

@@ -46,6 +46,7 @@
 //! ```
 
 pub(crate) mod client_ip;
+mod decided;
 mod future;
 mod layer;
 pub mod rejection;

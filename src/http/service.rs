@@ -3,7 +3,7 @@
 //! calls it once admitted and ready.
 
 use super::future::{ResponseFuture, Wait};
-use super::layer::{DecidedBy, Gate, MatchedRoute, Place};
+use super::layer::{Gate, MatchedRoute, Place};
 use super::rejection;
 use crate::limiter::{Admit, Decision, Permit};
 use bytes::Bytes;
@@ -132,8 +132,7 @@ where
         let gate = &*self.gate;
         // Admitted by a layer over this engine already (outside this one, over the
         // same engine): one arrival, decided once.
-        let decided_by = req.extensions().get::<DecidedBy>();
-        if decided_by.is_some_and(|by| by.includes(gate.engine.id())) {
+        if gate.engine.mark().on(&req) {
             return self.forward(req, None, None);
         }
         let engine = gate.engine.guard();
@@ -207,15 +206,16 @@ where
 
 impl<S: Clone> AdmissionService<S> {
     /// Marks an admitted request as decided by this service's engine, for a layer over
-    /// the same engine inside this one to pass through ([`DecidedBy`]). Not a request
-    /// that `rocgate serve`'s forwarder takes its route through the slot of: no layer
-    /// lies inside this one there, and the mark would cost an allocation per request.
+    /// the same engine inside this one to pass through (see `super::decided`). Not a
+    /// request that `rocgate serve`'s forwarder takes its route through the slot of: no
+    /// layer lies inside this one there, and its requests carry no extensions the mark
+    /// could go beside without an allocation.
     fn mark_decided<ReqBody>(&self, req: &mut Request<ReqBody>) {
         #[cfg(feature = "proxy")]
         if self.route_slot.is_some() {
             return;
         }
-        DecidedBy::mark(req, self.gate.engine.id());
+        self.gate.engine.mark().put(req);
     }
 
     /// Passes an admitted request on: called at once if the inner service is ready
