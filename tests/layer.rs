@@ -2510,6 +2510,37 @@ async fn two_layers_over_one_engine_decide_a_request_once() {
     let snapshot = &outer.engine().snapshot(clock.now())[0];
     assert_eq!((snapshot.offered, snapshot.admitted), (3, 2));
 
+    // Two layers built apart over one shared engine, a route-level one under
+    // `RouteKey::MatchedPath`, are one engine too.
+    let mut order = route("order", RouteMatch::exact("POST", "/api/order"), 2.0);
+    order.controller.cut_limit_rps = 2.0;
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let engine = Engine::new(
+        &Config::new(vec![order]),
+        clock.now(),
+        SystemTime::UNIX_EPOCH,
+    );
+    let shared = SharedEngine::new(engine.unwrap());
+    let wide = AdmissionLayer::with_engine(shared.clone(), clock.clone()).build();
+    let own = AdmissionLayer::with_engine(shared, clock.clone())
+        .route_key(RouteKey::MatchedPath)
+        .build();
+    let app = Router::new()
+        .route("/api/order", post(|| async { "ordered" }).layer(own))
+        .layer(wide);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+
     // Under another engine's layer, of 1 a second, the route's second request is that
     // engine's to refuse, though the outer engine admits it.
     let mut strict = route("order", RouteMatch::exact("POST", "/api/order"), 1.0);
