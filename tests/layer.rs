@@ -2705,3 +2705,42 @@ async fn a_trailing_slash_is_matched_alike_by_exact_paths_and_templates() {
         );
     }
 }
+
+/// A route's own layer built with `matched_route(true)`, inside a router-wide one over
+/// the same engine built without it: the request the outer one admitted passes the
+/// inner one undecided, and still carries the route that admitted it to the handler,
+/// as the inner layer promises every request it lets through.
+#[tokio::test]
+async fn a_request_passed_through_carries_the_route_the_inner_layer_promises() {
+    use axum::Extension;
+    use rocgate::http::MatchedRoute;
+    let mut order = route("order", RouteMatch::exact("POST", "/api/order"), 2.0);
+    order.controller.cut_limit_rps = 2.0;
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let engine = Engine::new(
+        &Config::new(vec![order]),
+        clock.now(),
+        SystemTime::UNIX_EPOCH,
+    );
+    let shared = SharedEngine::new(engine.unwrap());
+    let wide = AdmissionLayer::with_engine(shared.clone(), clock.clone()).build();
+    let own = AdmissionLayer::with_engine(shared.clone(), clock.clone())
+        .matched_route(true)
+        .build();
+    let handler = |route: Option<Extension<MatchedRoute>>| async move {
+        route.map_or_else(|| "none".to_owned(), |r| r.0 .0.to_string())
+    };
+    let app = Router::new()
+        .route("/api/order", post(handler).layer(own))
+        .layer(wide);
+    let res = app.clone().oneshot(post_order()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"order");
+    let snapshot = &shared.load().snapshot(clock.now())[0];
+    assert_eq!(
+        (snapshot.offered, snapshot.admitted),
+        (1, 1),
+        "decided once"
+    );
+}

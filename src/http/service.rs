@@ -131,9 +131,17 @@ where
     fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         let gate = &*self.gate;
         // Admitted by a layer over this engine already (outside this one, over the
-        // same engine): one arrival, decided once.
+        // same engine): one arrival, decided once. Built to hand the route on, this
+        // layer still does, its own, where the outer one did not.
         if gate.engine.mark().on(&req) {
-            return self.forward(req, None, None);
+            let label = (gate.matched_route && req.extensions().get::<MatchedRoute>().is_none())
+                .then(|| {
+                    let engine = gate.engine.guard();
+                    gate.route_of(&engine, &req)
+                        .and_then(|route| engine.route_label(route))
+                })
+                .flatten();
+            return self.forward(req, None, label);
         }
         let engine = gate.engine.guard();
         let Some(route) = gate.route_of(&engine, &req) else {
