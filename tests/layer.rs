@@ -2744,3 +2744,26 @@ async fn a_request_passed_through_carries_the_route_the_inner_layer_promises() {
         "decided once"
     );
 }
+
+/// A concurrency route under two stacked layers over one engine: the outer one's
+/// permit is the request's only one, held while it runs and given back as it ends. The
+/// inner one, passing the request through, takes none (taking one, it would refuse the
+/// route's one request in flight as a second), and leaves none behind.
+#[tokio::test(start_paused = true)]
+async fn stacked_layers_over_one_engine_hold_one_concurrency_permit() {
+    use tower::{Layer as _, Service as _};
+    let (outer, _clock) = one_a_second("stacked", "/stacked", Algorithm::Concurrency { queue: 0 });
+    let calls = Arc::new(AtomicU64::new(0));
+    let inner = outer
+        .clone()
+        .layer(counting_service(calls.clone(), Duration::from_secs(1)));
+    let mut svc = outer.layer(inner);
+    let get = || Request::get("/stacked").body(Body::empty()).unwrap();
+    for round in 0..3 {
+        let first = svc.ready().await.unwrap().call(get());
+        let refused = svc.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "{round}");
+        assert_eq!(first.await.unwrap().status(), StatusCode::OK, "{round}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
