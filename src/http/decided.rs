@@ -6,8 +6,16 @@
 //! Each shared engine takes one of [`SLOTS`] marker types while it lives, each a type
 //! with no data: a request extension of such a type allocates nothing where the
 //! request's extensions have room (an admitted request through the layer allocates
-//! nothing of its own, `tests/memory.rs`). An engine made while every slot is taken
+//! nothing of its own, `tests/memory.rs`): their map grows as it takes its fourth
+//! entry and its eighth, and behind axum's `ConnectInfo`, `OriginalUri` and
+//! `MatchedPath` the mark is a fourth. An engine made while every slot is taken
 //! marks with its id in a [`DecidedBy`] extension, one allocation per request.
+//!
+//! A slot is taken again once the last clone of its engine is gone. A request keeps
+//! its mark: should it outlive that engine and then meet a layer over one made since,
+//! holding the slot, that layer would pass it undecided. A request meets the layers of
+//! the stack it entered, which hold their engines while it runs in them, so this takes
+//! a service that hands requests on to a stack built after the one that marked them.
 
 use http::{Extensions, Request};
 use std::sync::atomic::{AtomicU64, Ordering};
