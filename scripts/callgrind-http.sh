@@ -57,7 +57,7 @@ install_packages "${missing[@]}"
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release --quiet --example bench_server --no-default-features --features http
-cargo build --release --quiet --bin rocgate
+[[ $SUITE == layer ]] || cargo build --release --quiet --bin rocgate
 target="${CARGO_TARGET_DIR:-target}/release"
 
 work_reaped_on_exit
