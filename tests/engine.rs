@@ -4183,3 +4183,66 @@ fn a_wide_window_is_told_its_raise_from_the_calm_of_a_full_window() {
         )
     );
 }
+
+/// Timing harness, not a test: the longest hold of a route's state lock and of one
+/// shard of its key table while a request's rollover sweeps a full table of
+/// 1,000,000 IP keys, of which 1,024 are kept (off rest) and the rest evicted. One
+/// thread rolls the slot (and sweeps); meanwhile one takes the state lock
+/// (`Engine::schedule`) over and over, and another decides requests of the kept keys
+/// (spread over every shard), each timing every call: the longest is the longest
+/// hold it met. Run with
+/// `cargo test --release --test engine -- --ignored --nocapture sweep_of_a_full`.
+#[test]
+#[ignore = "timing harness: prints figures"]
+fn sweep_of_a_full_million_key_table_lock_holds() {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+    const KEYS: u32 = 1_000_000;
+    const KEPT: u32 = 1_024;
+    let e = five_per_ip(
+        Algorithm::TokenBucket {
+            burst: Duration::from_secs(1),
+        },
+        key_table(KEYS as usize, None),
+    );
+    let id = e.route_at(0).unwrap();
+    for n in 0..KEYS {
+        drop(e.check(id, ip(n), Nanos::ZERO));
+    }
+    // The kept keys spend their limit at 0.9 s (too soon for a sweep, every 1 s for
+    // a full table of 1,000,000 keys): they are off rest at 1.5 s.
+    let spent = Nanos::from_millis(900);
+    for n in 0..KEPT {
+        for _ in 0..10 {
+            drop(e.check(id, ip(n * (KEYS / KEPT)), spent));
+        }
+    }
+    let (done, e) = (AtomicBool::new(false), &e);
+    let (sweep, state_wait, shard_wait) = std::thread::scope(|s| {
+        let done = &done;
+        let longest = move |probe: &dyn Fn(u32)| {
+            let (mut longest, mut n) = (Duration::ZERO, 0);
+            while !done.load(Ordering::Acquire) {
+                let t = Instant::now();
+                probe(n);
+                longest = longest.max(t.elapsed());
+                n += 1;
+            }
+            longest
+        };
+        let state = s.spawn(move || longest(&|_| drop(e.schedule(id))));
+        // At 0.9 s, the slot already rolled: these requests never roll.
+        let shard =
+            s.spawn(move || longest(&|n| drop(e.check(id, ip(n % KEPT * (KEYS / KEPT)), spent))));
+        let t = Instant::now();
+        drop(e.check(id, ip(KEYS), Nanos::from_millis(1500)));
+        let sweep = t.elapsed();
+        done.store(true, Ordering::Release);
+        (sweep, state.join().unwrap(), shard.join().unwrap())
+    });
+    let left = e.route_snapshot(id, Nanos::from_millis(1500)).unwrap().keys;
+    println!(
+        "{KEYS} keys, {left} left: the rollover that swept took {sweep:?}; the longest \
+         wait met for the state lock {state_wait:?}, for a key's shard {shard_wait:?}"
+    );
+}
