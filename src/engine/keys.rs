@@ -1395,6 +1395,12 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// the idle sweep (a sweep of 10,000 keys takes about 0.1 ms, of 1,000,000 about
     /// 20 ms: 2% of a core at most, or more with an `idle_timeout` under 200 ms).
     ///
+    /// Run after each rollover of the route's window (a request's, or one that
+    /// brings the route up to date), once the route's state is let go (the next
+    /// slot's rollover does not wait for it), by one thread at a time
+    /// ([`super::Route::sweep`]). It holds one shard of the map at a time (a request whose key
+    /// is there waits for it).
+    ///
     /// A key at rest (a full bucket, an empty window, no permit held or request
     /// queued) decides its next request as a new key would, so evicting it loses
     /// nothing. Evicting only idle keys let a client that sent one request on each
@@ -1427,6 +1433,8 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         map.retain(|_, e| {
             let keep = !e.evictable(r, &self.tiers, cutoff, now);
             if !keep {
+                #[cfg(test)]
+                on_evict();
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 if counted {
                     r.counter.counters().add(super::KEYS_EVICTED);
@@ -1434,6 +1442,23 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             }
             keep
         });
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: called on a sweeping thread at each key the sweep evicts, the key's shard
+    /// held; not while it runs (a sweep it starts calls nothing).
+    pub(super) static ON_EVICT: std::cell::RefCell<Option<Box<dyn FnMut()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Calls [`ON_EVICT`]'s hook, if a test set one on this thread.
+#[cfg(test)]
+fn on_evict() {
+    if let Some(mut hook) = ON_EVICT.take() {
+        hook();
+        ON_EVICT.set(Some(hook));
     }
 }
 

@@ -329,6 +329,25 @@ struct Route {
     next_raise: AtomicU64,
     partition: Partition,
     state: Mutex<RouteState>,
+    /// Set while a thread sweeps a partitioned route's key tables ([`Route::sweep`]),
+    /// apart from `state`: one sweep at a time. Loom's under loom.
+    sweeping: AtomicBool,
+    /// When the key table, and the shadow key table, were last swept (ns on the
+    /// engine's clock): each on a cadence of its own, as one of the two may be full
+    /// (swept often) and the other not. Read and written by the sweeping thread only.
+    /// In the route, not in [`Partitioned`], as `sweeping` is: they take bytes the
+    /// route's alignment (64) leaves unused.
+    swept: [AtomicU64; 2],
+}
+
+/// Lets go of a route's sweep ([`Route::sweeping`]) when dropped, a sweep that
+/// panicked included.
+struct Sweeping<'a>(&'a AtomicBool);
+
+impl Drop for Sweeping<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// A partitioned route's own state, beside the [`Route`]'s.
@@ -365,11 +384,6 @@ struct RouteState {
     /// rebuilds ([`Route::new`]) counts its time in cut from then, the old route's
     /// counts holding the time before.
     counted_from: Nanos,
-    /// When the key table was last swept.
-    last_sweep: Nanos,
-    /// When the shadow key table was last swept: on a cadence of its own, as one of
-    /// the two tables may be full (swept often) and the other not.
-    last_shadow_sweep: Nanos,
 }
 
 /// A configured event, placed on the engine's clock.
@@ -951,6 +965,8 @@ impl Engine {
                     .advance(&r.counter, r.counter.slot_index(now), |_| {});
             } else if r.counter.needs_roll(now) {
                 self.roll_locked(r, &mut st, now);
+                drop(st);
+                r.sweep(now);
             }
         } else if r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES != 0 {
             r.finish_change();
@@ -1433,10 +1449,13 @@ impl Engine {
         }
         if let Some(mut st) = r.try_lock() {
             self.roll_locked(r, &mut st, now);
+            drop(st);
+            r.sweep(now);
         }
     }
 
-    /// [`roll`](Self::roll), the route's state held.
+    /// [`roll`](Self::roll), the route's state held; the caller sweeps the route's
+    /// keys then ([`Route::sweep`]), the state let go.
     fn roll_locked(&self, r: &Route, st: &mut RouteState, now: Nanos) {
         // What the limiters and the tier keys follow: the limit, the base limit, and
         // the cut, which with them says where the limit stands between the two (an
@@ -1540,12 +1559,6 @@ impl Engine {
             }
         }
         r.publish_next_raise(st, now);
-        if let Some(keys) = r.keys() {
-            keys.sweep(r, &mut st.last_sweep, now, true);
-            if let Some(Shadow::Keys(shadow)) = &r.shadow {
-                shadow.sweep(r, &mut st.last_shadow_sweep, now, false);
-            }
-        }
     }
 
     /// The route's name. Like every accessor of a route, `None` if this engine does not
@@ -1850,6 +1863,35 @@ fn eta(next: &AtomicU64, now: Nanos) -> Option<Duration> {
 
 impl Route {
     /// A partitioned route's key tables; `None` on a route limited as a whole.
+    /// Sweeps a partitioned route's key tables, each on its own clock
+    /// ([`Route::swept`]), after a rollover, the route's state let go: a sweep of a
+    /// large table (about 20 ms for 1,000,000 keys) held it, and the next slot's
+    /// rollover, which found it taken, was skipped, its arrivals counted in the slot
+    /// after. One sweep at a time, as under the state: one due while another runs is
+    /// left to it, and no one waits for it.
+    fn sweep(&self, now: Nanos) {
+        let Some(keys) = self.keys() else {
+            return;
+        };
+        if self
+            .sweeping
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let _sweeping = Sweeping(&self.sweeping);
+        let swept = |clock: &AtomicU64, sweep: &dyn Fn(&mut Nanos)| {
+            let mut last = Nanos::new(clock.load(Ordering::Relaxed));
+            sweep(&mut last);
+            clock.store(last.as_u64(), Ordering::Relaxed);
+        };
+        swept(&self.swept[0], &|last| keys.sweep(self, last, now, true));
+        if let Some(Shadow::Keys(shadow)) = &self.shadow {
+            swept(&self.swept[1], &|last| shadow.sweep(self, last, now, false));
+        }
+    }
+
     fn keys(&self) -> Option<&Keys> {
         self.partitioned.as_deref().map(|p| &p.keys)
     }
@@ -2013,9 +2055,9 @@ impl Route {
                 active_event: None,
                 counts,
                 counted_from: now,
-                last_sweep: now,
-                last_shadow_sweep: now,
             }),
+            sweeping: AtomicBool::new(false),
+            swept: [AtomicU64::new(now.as_u64()), AtomicU64::new(now.as_u64())],
         };
         route.start(now, hook);
         route

@@ -38,6 +38,53 @@ fn with_a_sale(name: &str) -> RouteConfig {
     cfg
 }
 
+/// A rollover's sweep of idle keys runs with the route's state let go: a request of
+/// the next slot, decided while the sweep runs (here on the sweeping thread, at the
+/// key it evicts), rolls the window then, its arrivals counted in their own slot. The
+/// sweep ran under the state lock, where that request found it taken and did not
+/// roll: the slot went on accumulating until the next request after the sweep.
+#[test]
+fn the_next_slot_rolls_while_a_sweep_runs() {
+    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    let reports = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&reports);
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .with_sample_hook(Arc::new(move |_, report: &SlotReport| {
+            seen.lock().unwrap().push(report.at);
+        }));
+    let e = Arc::new(e);
+    let id = e.route_at(0).unwrap();
+    assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
+    // 11 s on, the key is idle (and at rest): the request that rolls the window sweeps
+    // it out (every 5 s, half `idle_timeout`). At its eviction, a request of the slot
+    // after the one that request rolled to (100 ms slots).
+    let (swept, next) = (Nanos::from_secs(11), Nanos::from_millis(11_100));
+    let during = Arc::new(std::sync::Mutex::new(None));
+    {
+        let (e, reports, during) = (Arc::clone(&e), Arc::clone(&reports), Arc::clone(&during));
+        keys::ON_EVICT.set(Some(Box::new(move || {
+            let before = reports.lock().unwrap().len();
+            assert!(e.check(id, Key::None, next).is_admit());
+            let rolled = reports.lock().unwrap()[before..].to_vec();
+            *during.lock().unwrap() = Some(rolled);
+        })));
+    }
+    assert!(e.check(id, ip(2), swept).is_admit());
+    keys::ON_EVICT.set(None);
+    assert_eq!(
+        during.lock().unwrap().take(),
+        Some(vec![next]),
+        "the slots that the request during the sweep rolled"
+    );
+    let after = e.route_snapshot(id, next).unwrap();
+    assert_eq!((after.keys, after.keys_evicted), (1, 1));
+}
+
 /// In `shadow_adaptive` mode, the shadow key table's idle keys are evicted after
 /// `idle_timeout` while the enforced table stays full, and is swept every 100 ms.
 /// The shadow table used to be swept on the enforced table's clock: with the
