@@ -4187,11 +4187,12 @@ fn a_wide_window_is_told_its_raise_from_the_calm_of_a_full_window() {
 /// Timing harness, not a test: the longest hold of a route's state lock and of one
 /// shard of its key table while a request's rollover sweeps a full table of
 /// 1,000,000 IP keys, of which 1,024 are kept (off rest) and the rest evicted. One
-/// thread rolls the slot (and sweeps); meanwhile one takes the state lock
-/// (`Engine::schedule`) over and over, and another decides requests of the kept keys
-/// (spread over every shard), each timing every call: the longest is the longest
-/// hold it met. Run with
-/// `cargo test --release --test engine -- --ignored --nocapture sweep_of_a_full`.
+/// thread rolls the slot (and sweeps); meanwhile another takes the state lock
+/// (`Engine::schedule`) over and over, or, on a table filled again, decides requests
+/// of the kept keys (spread over every shard), timing every call: the longest is the
+/// longest hold it met. Each probe's longest call over 20 ms before the sweep is
+/// printed beside it (what the machine's scheduling alone makes). Run with
+/// `cargo test --release --no-default-features --test engine -- --ignored --nocapture sweep_of_a_full`.
 #[test]
 #[ignore = "timing harness: prints figures"]
 fn sweep_of_a_full_million_key_table_lock_holds() {
@@ -4199,50 +4200,60 @@ fn sweep_of_a_full_million_key_table_lock_holds() {
     use std::sync::atomic::AtomicBool;
     const KEYS: u32 = 1_000_000;
     const KEPT: u32 = 1_024;
-    let e = five_per_ip(
-        Algorithm::TokenBucket {
-            burst: Duration::from_secs(1),
-        },
-        key_table(KEYS as usize, None),
-    );
-    let id = e.route_at(0).unwrap();
-    for n in 0..KEYS {
-        drop(e.check(id, ip(n), Nanos::ZERO));
-    }
+    let kept = |n: u32| ip(n % KEPT * (KEYS / KEPT));
     // The kept keys spend their limit at 0.9 s (too soon for a sweep, every 1 s for
-    // a full table of 1,000,000 keys): they are off rest at 1.5 s.
+    // a full table of 1,000,000 keys): they are off rest at 1.5 s. A request at 0.9 s
+    // never rolls the window: it rolled then.
     let spent = Nanos::from_millis(900);
-    for n in 0..KEPT {
-        for _ in 0..10 {
-            drop(e.check(id, ip(n * (KEYS / KEPT)), spent));
+    let clock = &MonotonicClock::new();
+    let sweep_with = |probe: &(dyn Fn(&Engine, RouteId, u32) + Sync)| {
+        let e = &five_per_ip(
+            Algorithm::TokenBucket {
+                burst: Duration::from_secs(1),
+            },
+            key_table(KEYS as usize, None),
+        );
+        let id = e.route_at(0).unwrap();
+        for n in 0..KEYS {
+            drop(e.check(id, ip(n), Nanos::ZERO));
         }
-    }
-    let (done, e, clock) = (AtomicBool::new(false), &e, &MonotonicClock::new());
-    let (sweep, state_wait, shard_wait) = std::thread::scope(|s| {
-        let done = &done;
-        let longest = move |probe: &dyn Fn(u32)| {
+        for n in 0..KEPT {
+            for _ in 0..10 {
+                drop(e.check(id, kept(n), spent));
+            }
+        }
+        let longest = |until: &dyn Fn() -> bool| {
             let (mut longest, mut n) = (Duration::ZERO, 0);
-            while !done.load(Ordering::Acquire) {
+            while !until() {
                 let t = clock.now();
-                probe(n);
+                probe(e, id, n);
                 longest = longest.max(clock.now().saturating_since(t));
                 n += 1;
             }
             longest
         };
-        let state = s.spawn(move || longest(&|_| drop(e.schedule(id))));
-        // At 0.9 s, the slot already rolled: these requests never roll.
-        let shard =
-            s.spawn(move || longest(&|n| drop(e.check(id, ip(n % KEPT * (KEYS / KEPT)), spent))));
-        let t = clock.now();
-        drop(e.check(id, ip(KEYS), Nanos::from_millis(1500)));
-        let sweep = clock.now().saturating_since(t);
-        done.store(true, Ordering::Release);
-        (sweep, state.join().unwrap(), shard.join().unwrap())
-    });
-    let left = e.route_snapshot(id, Nanos::from_millis(1500)).unwrap().keys;
+        let start = clock.now();
+        let idle = longest(&|| clock.now().saturating_since(start) > Duration::from_millis(20));
+        let done = &AtomicBool::new(false);
+        let (sweep, during) = std::thread::scope(|s| {
+            let prober = s.spawn(|| longest(&|| done.load(Ordering::Acquire)));
+            let t = clock.now();
+            drop(e.check(id, ip(KEYS), Nanos::from_millis(1500)));
+            let sweep = clock.now().saturating_since(t);
+            done.store(true, Ordering::Release);
+            (sweep, prober.join().unwrap())
+        });
+        let left = e.route_snapshot(id, Nanos::from_millis(1500)).unwrap().keys;
+        (left, sweep, during, idle)
+    };
+    let (left, sweep, state, idle) = sweep_with(&|e, id, _| drop(e.schedule(id)));
     println!(
         "{KEYS} keys, {left} left: the rollover that swept took {sweep:?}; the longest \
-         wait met for the state lock {state_wait:?}, for a key's shard {shard_wait:?}"
+         wait for the state lock {state:?} ({idle:?} without a sweep)"
+    );
+    let (left, sweep, shard, idle) = sweep_with(&|e, id, n| drop(e.check(id, kept(n), spent)));
+    println!(
+        "{KEYS} keys, {left} left: the rollover that swept took {sweep:?}; the longest \
+         request of a kept key {shard:?} ({idle:?} without a sweep)"
     );
 }
