@@ -1089,6 +1089,28 @@ const ANONYMOUS: u64 = u64::MAX >> 6;
 /// per key, as a sweep visits every key.
 const FULL_SWEEP_EVERY: Duration = Duration::from_millis(100);
 
+/// Keys a shard of a key table holds, about, when the table is full: a table of more
+/// than 4 × `cores` × this many keys takes more shards than DashMap's default
+/// ((4 × cores) rounded up to a power of two), so that a sweep, which holds one shard
+/// at a time (for about 20 ns a key), holds none for much longer than 0.1 ms, nor
+/// does a shard growing its hash table. 128 bytes a shard, from the table's first key.
+const SHARD_KEYS: usize = 4096;
+
+/// The most shards a key table takes (128 KiB of them): a table of more than
+/// `SHARD_KEYS` × this many keys has more in each.
+const MOST_SHARDS: usize = 1024;
+
+/// The shards of a key table of `max_keys` keys: DashMap's default, or as many as
+/// keep [`SHARD_KEYS`] in each (a power of two, at most [`MOST_SHARDS`]).
+fn shards_for(max_keys: usize) -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    let default = *DEFAULT.get_or_init(|| {
+        (std::thread::available_parallelism().map_or(1, usize::from) * 4).next_power_of_two()
+    });
+    let needed = (max_keys / SHARD_KEYS).min(MOST_SHARDS).next_power_of_two();
+    default.max(needed)
+}
+
 /// A key table's map, and the keys it refused since the hints history last took
 /// them (by their hash with the map's own, randomly keyed, hasher): 64 bytes beside
 /// the map's shards, made with them, and 8 in the route.
@@ -1098,14 +1120,15 @@ pub(super) struct KeyMap<K, E> {
 }
 
 impl<K: Hash + Eq, E> KeyMap<K, E> {
-    fn new() -> Self {
-        KeyMap::with_hasher(RandomState::new())
+    /// A map of up to `max_keys` keys (the shards it takes: [`shards_for`]).
+    fn new(max_keys: usize) -> Self {
+        KeyMap::with_hasher(RandomState::new(), max_keys)
     }
 
     /// A map whose keys, refused ones included, are hashed by `hasher`.
-    fn with_hasher(hasher: RandomState) -> Self {
+    fn with_hasher(hasher: RandomState, max_keys: usize) -> Self {
         KeyMap {
-            keys: DashMap::with_hasher(hasher),
+            keys: DashMap::with_hasher_and_shard_amount(hasher, shards_for(max_keys)),
             refused: Box::new(AtomicKeySketch::new()),
         }
     }
@@ -1121,8 +1144,9 @@ impl<K, E> std::ops::Deref for KeyMap<K, E> {
 
 pub(super) struct KeyTable<K, E> {
     /// Made at the first key: DashMap allocates its shards up front ((4 × cores)
-    /// rounded up to a power of two, 128 bytes each), which a route whose keys never
-    /// come, or a shadow table outside cuts, need not pay.
+    /// rounded up to a power of two, or more for a large table: [`shards_for`], 128
+    /// bytes each), which a route whose keys never come, or a shadow table outside
+    /// cuts, need not pay.
     map: OnceLock<KeyMap<K, E>>,
     len: AtomicUsize,
     /// Requests of new keys decided by [`KeyTable::overflow`] (the table full), modulo
@@ -1191,7 +1215,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         // key a generation behind, to catch up on its next request.
         let generation = r.generation.load(Ordering::Acquire) as u32;
         let progress = self.tiers.progress(r);
-        let map = self.map.get_or_init(KeyMap::new);
+        let map = self.map.get_or_init(|| KeyMap::new(self.limits.max_keys));
         let entry = match map.entry(own(key)) {
             Entry::Occupied(entry) => entry.into_ref(),
             // A place is taken before the key goes in: threads adding keys to a table
@@ -1268,14 +1292,17 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         Q: Hash + ?Sized,
     {
         // Made already (by the key's first request), but where `max_keys` is 0.
-        let map = self.map.get_or_init(KeyMap::new);
+        let map = self.map.get_or_init(|| KeyMap::new(self.limits.max_keys));
         map.refused.record(map.hasher().hash_one(key));
     }
 
     /// Counts the requests without a key, which share one limiter, as one key
     /// refused (making the table, if no key has yet).
     fn note_anonymous_refused(&self) {
-        self.map.get_or_init(KeyMap::new).refused.record(ANONYMOUS);
+        self.map
+            .get_or_init(|| KeyMap::new(self.limits.max_keys))
+            .refused
+            .record(ANONYMOUS);
     }
 
     /// [`Keys::refused_by_hash`] of this table.
@@ -1286,7 +1313,9 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
 
     /// [`Keys::carry_refused`] into this table.
     fn carry_refused(&self, hasher: RandomState, refused: &KeySketch) {
-        let map = self.map.get_or_init(|| KeyMap::with_hasher(hasher));
+        let map = self
+            .map
+            .get_or_init(|| KeyMap::with_hasher(hasher, self.limits.max_keys));
         map.refused.merge(refused);
     }
 
@@ -1347,7 +1376,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
             last_kept(seen.collect(), max)
         };
         let mut untiered = 0;
-        let map = self.map.get_or_init(KeyMap::new);
+        let map = self.map.get_or_init(|| KeyMap::new(self.limits.max_keys));
         for entry in old.iter() {
             let key = entry.value();
             if let Some((second, at_second)) = &mut cut {
@@ -1399,7 +1428,7 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// brings the route up to date), once the route's state is let go (the next
     /// slot's rollover does not wait for it), by one thread at a time
     /// ([`super::Route::sweep`]). It holds one shard of the map at a time (a request whose key
-    /// is there waits for it).
+    /// is there waits for it): at most about [`SHARD_KEYS`] keys ([`shards_for`]).
     ///
     /// A key at rest (a full bucket, an empty window, no permit held or request
     /// queued) decides its next request as a new key would, so evicting it loses
@@ -1466,6 +1495,67 @@ fn on_evict() {
 mod tests {
     use super::*;
     use crate::engine::Key;
+
+    /// A sweep holds one shard of a key table at a time, and a large table's shards
+    /// hold about [`SHARD_KEYS`] keys each: while the sweep of a table of up to
+    /// 1,048,576 keys (16,384 of them in it, all idle) evicts its first key, at most
+    /// 1/64 of the keys are locked (1/256 expected, less on over 64 cores). The
+    /// table took DashMap's default shards, (4 × cores) rounded up to a power of
+    /// two, whatever its size: 8 on 2 cores, an eighth of the table (of 1,000,000
+    /// keys, 2.5 ms of the sweep's 20) held at once.
+    #[test]
+    fn a_sweep_of_a_large_table_holds_a_small_part_of_it_at_once() {
+        use crate::config::{Config, KeyLimits, RouteMatch};
+        use crate::engine::Engine;
+        use dashmap::try_result::TryResult;
+        use std::net::{IpAddr, Ipv4Addr};
+        use std::sync::{Arc, Mutex};
+        use std::time::SystemTime;
+        const KEYS: u32 = 16_384;
+        let mut cfg = RouteConfig::new("large", RouteMatch::any());
+        cfg.partition = Partition::ClientIp(KeyLimits {
+            max_keys: 1 << 20,
+            idle_timeout: Duration::from_secs(10),
+            ..KeyLimits::default()
+        });
+        let config = Config::new(vec![cfg]);
+        let e = Arc::new(Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap());
+        let id = e.route_at(0).unwrap();
+        let addr = |n: u32| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n));
+        for n in 0..KEYS {
+            assert!(e.check(id, Key::Ip(addr(n)), Nanos::ZERO).is_admit());
+        }
+        let locked = Arc::new(Mutex::new(None));
+        {
+            let (e, locked) = (Arc::clone(&e), Arc::clone(&locked));
+            ON_EVICT.set(Some(Box::new(move || {
+                let mut locked = locked.lock().unwrap();
+                if locked.is_some() {
+                    return;
+                }
+                let Some(Keys::Bucket(KeyTables::Ip(t))) = e.route(id).unwrap().keys() else {
+                    panic!("a token bucket keyed by IP");
+                };
+                let map = t.map.get().expect("the table has keys");
+                let held = (0..KEYS)
+                    .filter(|&n| {
+                        let key = IpKey::new(addr(n), t.limits.ipv6_prefix);
+                        matches!(map.try_get(&key), TryResult::Locked)
+                    })
+                    .count();
+                *locked = Some(held);
+            })));
+        }
+        assert!(e.check(id, Key::None, Nanos::from_secs(11)).is_admit());
+        ON_EVICT.set(None);
+        let held = locked.lock().unwrap().expect("the sweep evicted a key");
+        assert!(held > 0, "the key evicted is in a shard held");
+        assert!(
+            held <= KEYS as usize / 64,
+            "{held} of {KEYS} keys held at once"
+        );
+        assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).unwrap().keys, 0);
+    }
 
     /// Of keys seen in the seconds given, the `max` seen last are those after the
     /// second returned and as many as it says of those seen in it: ties at the cut
