@@ -335,8 +335,8 @@ struct Route {
     /// When the key table, and the shadow key table, were last swept (ns on the
     /// engine's clock): each on a cadence of its own, as one of the two may be full
     /// (swept often) and the other not. Read and written by the sweeping thread only.
-    /// In the route, not in [`Partitioned`], as `sweeping` is: they take bytes the
-    /// route's alignment (64) leaves unused.
+    /// These and `sweeping` are in the route, not in [`Partitioned`]: they take bytes
+    /// the route's alignment (64) leaves unused.
     swept: [AtomicU64; 2],
 }
 
@@ -1862,7 +1862,6 @@ fn eta(next: &AtomicU64, now: Nanos) -> Option<Duration> {
 }
 
 impl Route {
-    /// A partitioned route's key tables; `None` on a route limited as a whole.
     /// Sweeps a partitioned route's key tables, each on its own clock
     /// ([`Route::swept`]), after a rollover, the route's state let go: a sweep of a
     /// large table (about 20 ms for 1,000,000 keys) held it, and the next slot's
@@ -1892,6 +1891,7 @@ impl Route {
         }
     }
 
+    /// A partitioned route's key tables; `None` on a route limited as a whole.
     fn keys(&self) -> Option<&Keys> {
         self.partitioned.as_deref().map(|p| &p.keys)
     }
