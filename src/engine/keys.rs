@@ -1089,9 +1089,9 @@ const ANONYMOUS: u64 = u64::MAX >> 6;
 /// per key, as a sweep visits every key.
 const FULL_SWEEP_EVERY: Duration = Duration::from_millis(100);
 
-/// Keys a shard of a key table holds, about, when the table is full: a table of more
-/// than 4 × `cores` × this many keys takes more shards than DashMap's default
-/// ((4 × cores) rounded up to a power of two), so that a sweep, which holds one shard
+/// Keys a shard of a key table holds at most, about, when the table is full: a table
+/// of more than this many keys for each of DashMap's default shards ((4 × cores)
+/// rounded up to a power of two) takes more of them, so that a sweep, which holds one shard
 /// at a time (for about 20 ns a key), holds none for much longer than 0.1 ms, nor
 /// does a shard growing its hash table. 128 bytes a shard, from the table's first key.
 const SHARD_KEYS: usize = 4096;
@@ -1101,14 +1101,22 @@ const SHARD_KEYS: usize = 4096;
 const MOST_SHARDS: usize = 1024;
 
 /// The shards of a key table of `max_keys` keys: DashMap's default, or as many as
-/// keep [`SHARD_KEYS`] in each (a power of two, at most [`MOST_SHARDS`]).
+/// keep at most [`SHARD_KEYS`] in each (a power of two, at most [`MOST_SHARDS`]).
 fn shards_for(max_keys: usize) -> usize {
+    default_shards().max(
+        max_keys
+            .div_ceil(SHARD_KEYS)
+            .min(MOST_SHARDS)
+            .next_power_of_two(),
+    )
+}
+
+/// DashMap's default shards: (4 × cores) rounded up to a power of two.
+fn default_shards() -> usize {
     static DEFAULT: OnceLock<usize> = OnceLock::new();
-    let default = *DEFAULT.get_or_init(|| {
+    *DEFAULT.get_or_init(|| {
         (std::thread::available_parallelism().map_or(1, usize::from) * 4).next_power_of_two()
-    });
-    let needed = (max_keys / SHARD_KEYS).min(MOST_SHARDS).next_power_of_two();
-    default.max(needed)
+    })
 }
 
 /// A key table's map, and the keys it refused since the hints history last took
@@ -1555,6 +1563,33 @@ mod tests {
             "{held} of {KEYS} keys held at once"
         );
         assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).unwrap().keys, 0);
+    }
+
+    /// A key table takes DashMap's default shards up to [`SHARD_KEYS`] keys for each,
+    /// and past that as many, in a power of two, as keep at most [`SHARD_KEYS`] keys
+    /// in each, up to [`MOST_SHARDS`]. It took the power of two at or under
+    /// `max_keys` ÷ [`SHARD_KEYS`]: a table a key over the default's reach kept the
+    /// default, whose shards held up to twice [`SHARD_KEYS`] keys less one shard's.
+    #[test]
+    fn a_large_table_takes_a_shard_per_4096_keys() {
+        let default = default_shards();
+        assert_eq!(shards_for(0), default);
+        assert_eq!(shards_for(default * SHARD_KEYS), default);
+        assert_eq!(shards_for(default * SHARD_KEYS + 1), 2 * default);
+        for max_keys in [default * SHARD_KEYS + 1, 36_863, 1_000_000, 1 << 22] {
+            let shards = shards_for(max_keys);
+            assert!(shards.is_power_of_two(), "{shards} shards");
+            assert!(
+                shards * SHARD_KEYS >= max_keys,
+                "{max_keys} keys in {shards} shards"
+            );
+            assert!(
+                shards == default || shards / 2 * SHARD_KEYS < max_keys,
+                "{max_keys} keys in {shards} shards: half of them would do"
+            );
+        }
+        assert_eq!(shards_for(1_000_000), default.max(256));
+        assert_eq!(shards_for(usize::MAX), default.max(MOST_SHARDS));
     }
 
     /// Of keys seen in the seconds given, the `max` seen last are those after the
