@@ -85,6 +85,36 @@ fn the_next_slot_rolls_while_a_sweep_runs() {
     assert_eq!((after.keys, after.keys_evicted), (1, 1));
 }
 
+/// A sweep that panics (here the test's hook, at the first key it evicts) lets go of
+/// the route's sweep as it unwinds: a later rollover sweeps the idle keys out. Were
+/// the sweep's flag left set, no sweep would run again and the table would keep its
+/// idle keys for ever, full, every new key in the overflow limiter.
+#[test]
+fn a_sweep_that_panicked_leaves_the_next_one_to_run() {
+    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    for n in [1, 2] {
+        assert!(e.check(id, ip(n), Nanos::ZERO).is_admit());
+    }
+    keys::ON_EVICT.set(Some(Box::new(|| panic!("a sweep that panics"))));
+    let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        e.check(id, Key::None, Nanos::from_secs(11))
+    }));
+    keys::ON_EVICT.set(None);
+    assert!(swept.is_err(), "the sweep evicted a key, and panicked");
+    assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).unwrap().keys, 2);
+    // Past the next idle sweep's time, whichever clock the panic left.
+    let later = Nanos::from_secs(17);
+    assert!(e.check(id, Key::None, later).is_admit());
+    let s = e.route_snapshot(id, later).unwrap();
+    assert_eq!((s.keys, s.keys_evicted), (0, 2));
+}
+
 /// In `shadow_adaptive` mode, the shadow key table's idle keys are evicted after
 /// `idle_timeout` while the enforced table stays full, and is swept every 100 ms.
 /// The shadow table used to be swept on the enforced table's clock: with the
