@@ -259,6 +259,54 @@ fn a_key_holds_at_most_128_bytes_at_any_fill() {
     }
 }
 
+/// A table of up to 1,048,576 keys takes 256 shards, one per 4,096 keys (a sweep
+/// holds one at a time), and each shard makes its smallest hash table at its first
+/// key: a few hundred keys there hold more than 128 B each (printed), but from 1,000
+/// keys on they hold no more than in a table of DashMap's default shards, and a
+/// million keys, within the budget too.
+#[test]
+fn a_key_of_a_large_table_holds_at_most_128_bytes_from_1000_keys() {
+    const LARGE: usize = 1 << 20;
+    let api_keys: Vec<String> = (0..10_000).map(api_key).collect();
+    for algorithm in RATE_ALGORITHMS {
+        let name = algorithm.name();
+        for n in [100, 300, 1_000, 10_000] {
+            let ip_key = bytes_per_key(algorithm, Partition::ClientIp(limits(LARGE)), n, |k| {
+                Key::Ip(ip(k))
+            });
+            let header_key = bytes_per_key(
+                algorithm,
+                Partition::Header("x-api-key".into(), limits(LARGE)),
+                n,
+                |k| Key::Value(&api_keys[k as usize]),
+            );
+            println!(
+                "bytes per {name} key at {n:>5} keys of a {LARGE}-key table: IP {ip_key:.1}; \
+                 32-byte header value {header_key:.1}"
+            );
+            if n >= 1_000 {
+                assert!(
+                    ip_key <= KEY_BUDGET,
+                    "{name}: {ip_key:.1} B per IP key at {n}"
+                );
+                assert!(
+                    header_key <= KEY_BUDGET,
+                    "{name}: {header_key:.1} B per header key at {n}"
+                );
+            }
+        }
+    }
+    let algorithm = RATE_ALGORITHMS[0];
+    let full = bytes_per_key(
+        algorithm,
+        Partition::ClientIp(limits(LARGE)),
+        1_000_000,
+        |k| Key::Ip(ip(k)),
+    );
+    println!("bytes per token_bucket IP key at 1,000,000 keys: {full:.1}");
+    assert!(full <= KEY_BUDGET, "{full:.1} B per IP key at 1,000,000");
+}
+
 /// A concurrency key's state is shared with its permits, on the heap (a permit may
 /// outlive the key's place in the table): 48 B with the `Arc`'s counts (in-flight and
 /// waiting counts, limit, queue, the pointer to a waiter list that exists once a
