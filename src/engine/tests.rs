@@ -115,6 +115,73 @@ fn a_sweep_that_panicked_leaves_the_next_one_to_run() {
     assert_eq!((s.keys, s.keys_evicted), (0, 2));
 }
 
+/// Every call that brings a route without requests up to date runs the rollover's
+/// sweep as a request's rollover does, now that the sweep is the caller's to run once
+/// the route's state is let go: `catch_up`, a runtime change, a change of the
+/// `route_limit` share, and a reload, which sweeps the old route before it carries
+/// its keys over (an idle key is not carried). Each, at 11 s, finds the one key
+/// (seen at 0 s, `idle_timeout` 10 s) idle and evicts it.
+#[test]
+fn every_call_that_brings_a_route_up_to_date_sweeps_its_idle_keys() {
+    let cfg = |mode: Mode| {
+        let mut cfg = RouteConfig::new("quiet", crate::config::RouteMatch::any());
+        cfg.mode = mode;
+        cfg.route_limit_rps = Some(1_000.0);
+        cfg.partition = Partition::ClientIp(KeyLimits {
+            idle_timeout: Duration::from_secs(10),
+            ..KeyLimits::default()
+        });
+        Config::new(vec![cfg])
+    };
+    let later = Nanos::from_secs(11);
+    /// Brings the route up to `later`; a reload returns the engine it built.
+    type BringUp<'a> = &'a dyn Fn(&Engine, RouteId) -> Option<Engine>;
+    let bring_up: [(&str, BringUp<'_>); 5] = [
+        ("catch_up", &|e, id| {
+            e.catch_up(id, later);
+            None
+        }),
+        ("update_route", &|e, id| {
+            let params = e.route_params(id).unwrap();
+            e.update_route(id, params, later).unwrap();
+            None
+        }),
+        ("set_route_limit_share", &|e, _| {
+            e.set_route_limit_share(2, later);
+            None
+        }),
+        ("reload, the route kept", &|e, _| {
+            Some(
+                e.reload(&cfg(Mode::Enforce), later, SystemTime::UNIX_EPOCH)
+                    .unwrap(),
+            )
+        }),
+        ("reload, the route rebuilt", &|e, _| {
+            Some(
+                e.reload(&cfg(Mode::Shadow), later, SystemTime::UNIX_EPOCH)
+                    .unwrap(),
+            )
+        }),
+    ];
+    for (what, bring_up) in bring_up {
+        let e = Engine::new(&cfg(Mode::Enforce), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+        let id = e.route_at(0).unwrap();
+        assert!(e.check(id, ip(1), Nanos::ZERO).is_admit(), "{what}");
+        let new = bring_up(&e, id);
+        let old = e.route_snapshot(id, later).unwrap();
+        let new = new.map_or_else(
+            || e.route_snapshot(id, later).unwrap(),
+            |new| new.route_snapshot(new.route_at(0).unwrap(), later).unwrap(),
+        );
+        assert_eq!(
+            (old.keys, old.keys_evicted),
+            (0, 1),
+            "{what}: the old route"
+        );
+        assert_eq!(new.keys, 0, "{what}: the route after");
+    }
+}
+
 /// In `shadow_adaptive` mode, the shadow key table's idle keys are evicted after
 /// `idle_timeout` while the enforced table stays full, and is swept every 100 ms.
 /// The shadow table used to be swept on the enforced table's clock: with the
