@@ -96,8 +96,8 @@ impl ControllerParams {
     /// has it takes `onto`'s; a field it sets otherwise stays the profile's. So a
     /// runtime change reaches the fields an event does not set, while the event is in
     /// force too. `roc_mode`, `danger_roc` and `safe_roc` move together: thresholds
-    /// mean something only in their mode, so a profile that sets any of the three keeps
-    /// all three.
+    /// mean something only in their mode, so a profile that differs in any of the
+    /// three keeps all three.
     #[must_use]
     pub fn rebased(&self, from: &ControllerParams, onto: &ControllerParams) -> ControllerParams {
         ProfileFields::differing(self, from).apply(self, onto)
@@ -107,16 +107,22 @@ impl ControllerParams {
 /// Which of the controller's fields an event's profile sets, as its table in the file
 /// wrote them: a field it sets stays the event's through any runtime change of the
 /// route's own parameters, even one that passes by the event's value; a field it does
-/// not set is the route's own in force. `roc` stands for `roc_mode`, `danger_roc` and
-/// `safe_roc` together (thresholds mean something only in their mode).
+/// not set is the route's own in force. `roc_mode`, `danger_roc` and `safe_roc` are
+/// each named as written, and kept together ([`ProfileFields::roc`]): an event that
+/// sets any of the three keeps all three (thresholds mean something only in their
+/// mode).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProfileFields {
     /// `base_limit`.
     pub base_limit: bool,
     /// `cut_limit`.
     pub cut_limit: bool,
-    /// Any of `roc_mode`, `danger_roc` and `safe_roc`.
-    pub roc: bool,
+    /// `roc_mode`.
+    pub roc_mode: bool,
+    /// `danger_roc`.
+    pub danger_roc: bool,
+    /// `safe_roc`.
+    pub safe_roc: bool,
     /// `hold`.
     pub hold: bool,
     /// `restore_step`.
@@ -135,16 +141,16 @@ pub struct ProfileFields {
 
 impl ProfileFields {
     /// The fields where `profile` differs from `own`, the route's parameters it was
-    /// written over (`roc` if any of the three differs).
+    /// written over.
     #[must_use]
     pub fn differing(profile: &ControllerParams, own: &ControllerParams) -> ProfileFields {
         let (p, o) = (profile, own);
         ProfileFields {
             base_limit: p.base_limit_rps != o.base_limit_rps,
             cut_limit: p.cut_limit_rps != o.cut_limit_rps,
-            roc: p.roc_mode != o.roc_mode
-                || p.danger_roc != o.danger_roc
-                || p.safe_roc != o.safe_roc,
+            roc_mode: p.roc_mode != o.roc_mode,
+            danger_roc: p.danger_roc != o.danger_roc,
+            safe_roc: p.safe_roc != o.safe_roc,
             hold: p.hold != o.hold,
             restore_step: p.restore_step_rps != o.restore_step_rps,
             restore_interval: p.restore_interval != o.restore_interval,
@@ -159,7 +165,9 @@ impl ProfileFields {
     pub const ALL: ProfileFields = ProfileFields {
         base_limit: true,
         cut_limit: true,
-        roc: true,
+        roc_mode: true,
+        danger_roc: true,
+        safe_roc: true,
         hold: true,
         restore_step: true,
         restore_interval: true,
@@ -169,7 +177,15 @@ impl ProfileFields {
         max_cut: true,
     };
 
-    /// `profile`'s fields that these name, the others `onto`'s.
+    /// Whether these name any of `roc_mode`, `danger_roc` and `safe_roc`: then the
+    /// profile keeps all three.
+    #[must_use]
+    pub fn roc(&self) -> bool {
+        self.roc_mode || self.danger_roc || self.safe_roc
+    }
+
+    /// `profile`'s fields that these name, the others `onto`'s, the three of ROC
+    /// together ([`ProfileFields::roc`]).
     #[must_use]
     pub fn apply(&self, profile: &ControllerParams, onto: &ControllerParams) -> ControllerParams {
         fn field<T: Clone>(set: bool, profile: &T, onto: &T) -> T {
@@ -179,7 +195,9 @@ impl ProfileFields {
         let ProfileFields {
             base_limit,
             cut_limit,
-            roc,
+            roc_mode,
+            danger_roc,
+            safe_roc,
             hold,
             restore_step,
             restore_interval,
@@ -188,6 +206,7 @@ impl ProfileFields {
             min_dwell,
             max_cut,
         } = *self;
+        let roc = roc_mode || danger_roc || safe_roc;
         let (p, o) = (profile, onto);
         ControllerParams {
             base_limit_rps: field(base_limit, &p.base_limit_rps, &o.base_limit_rps),

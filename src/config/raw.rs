@@ -403,7 +403,9 @@ impl RawSettings {
         ProfileFields {
             base_limit: self.base_limit.is_some(),
             cut_limit: self.cut_limit.is_some(),
-            roc: self.roc_mode.is_some() || self.danger_roc.is_some() || self.safe_roc.is_some(),
+            roc_mode: self.roc_mode.is_some(),
+            danger_roc: self.danger_roc.is_some(),
+            safe_roc: self.safe_roc.is_some(),
             hold: self.hold.is_some(),
             restore_step: self.restore_step.is_some(),
             restore_interval: self.restore_interval.is_some(),
@@ -2781,18 +2783,26 @@ impl RawRoute {
                 .events
                 .iter()
                 .map(|e| {
-                    let c = &e.controller;
+                    let (c, own) = (&e.controller, &r.controller);
                     // The fields it sets; all of them for an event built in code,
-                    // whose profile is whole.
+                    // whose profile is whole. It keeps the three of ROC together: one
+                    // of them it does not set is written too where its value is not
+                    // the route's (all three where its mode is not), so that the
+                    // table gives the thresholds it runs.
                     let sets = e.sets.unwrap_or(ProfileFields::ALL);
+                    let other_mode = sets.roc() && c.roc_mode != own.roc_mode;
+                    let roc =
+                        |set: bool, differs: bool| set || other_mode || (sets.roc() && differs);
                     RawEvent {
                         name: Some(e.name.clone()),
                         start: Some(utc_text(e.start, humantime::format_rfc3339_nanos)),
                         duration: written(e.duration),
                         base_limit: sets.base_limit.then_some(Num(c.base_limit_rps)),
                         cut_limit: sets.cut_limit.then_some(Num(c.cut_limit_rps)),
-                        danger_roc: sets.roc.then_some(Num(c.danger_roc)),
-                        safe_roc: sets.roc.then_some(Num(c.safe_roc)),
+                        danger_roc: roc(sets.danger_roc, c.danger_roc != own.danger_roc)
+                            .then_some(Num(c.danger_roc)),
+                        safe_roc: roc(sets.safe_roc, c.safe_roc != own.safe_roc)
+                            .then_some(Num(c.safe_roc)),
                         hold: written(c.hold).filter(|_| sets.hold),
                         restore_step: sets.restore_step.then_some(Num(c.restore_step_rps)),
                         restore_interval: written(c.restore_interval)
@@ -2801,7 +2811,8 @@ impl RawRoute {
                         min_samples: sets.min_samples.then_some(Whole(c.min_samples)),
                         min_dwell: written(c.min_dwell).filter(|_| sets.min_dwell),
                         max_cut: written(c.max_cut).filter(|_| sets.max_cut),
-                        roc_mode: roc_mode_name(c.roc_mode).filter(|_| sets.roc),
+                        roc_mode: roc_mode_name(c.roc_mode)
+                            .filter(|_| roc(sets.roc_mode, other_mode)),
                         route_limit: e.route_limit_rps.map(Num),
                     }
                 })

@@ -616,7 +616,10 @@ fn fit_limit(algorithm: &Algorithm, x: f64, up: bool) -> f64 {
 /// of the same rule and severity, in its own `[[routes.events]]` entry (`event`), that
 /// lowers its setting with the route's, keeping its ratio to it (`cut_limit` 150 with
 /// a base limit of 200 lowered to 90 goes to 67). An event whose own part of `hints`
-/// already changes either setting is left to that part. `hints` are every part's of
+/// already changes either setting is left to that part, and so is one that writes the
+/// route's setting itself, even at the route's value: it keeps its own (an event built
+/// in code, with no table, is taken to write the fields where its profile differs
+/// from the route's). `hints` are every part's of
 /// one route; `algorithm`, `own` and `events` are the route's, each event with the
 /// profile it runs. Returns the hints to add.
 pub fn follow_in_events(
@@ -639,7 +642,9 @@ pub fn follow_in_events(
         for e in events {
             let p = &e.controller;
             // Whether the event takes the route's setting and writes its own beside it
-            // (one it takes too follows the route's hint).
+            // (one it takes too follows the route's hint): as its table wrote them, a
+            // setting written at the route's value being its own; for an event built
+            // in code, which has no table, where its profile differs from the route's.
             let (upper, lower, value, takes_it) = match parameter {
                 "base_limit" => (
                     "base_limit",
@@ -655,9 +660,12 @@ pub fn follow_in_events(
                     "danger_roc",
                     "safe_roc",
                     p.safe_roc,
-                    p.roc_mode == own.roc_mode
-                        && p.danger_roc == own.danger_roc
-                        && p.safe_roc != own.safe_roc,
+                    e.sets.map_or(
+                        p.roc_mode == own.roc_mode
+                            && p.danger_roc == own.danger_roc
+                            && p.safe_roc != own.safe_roc,
+                        |s| !s.danger_roc && s.safe_roc,
+                    ),
                 ),
                 _ => break,
             };

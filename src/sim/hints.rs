@@ -430,7 +430,8 @@ mod tests {
     /// (80 → 24) are lowered: only an event that takes the lowered setting from the
     /// route and writes its own cut_limit or safe_roc beyond it gets a hint, each
     /// event its own, and the config every hint makes, the route's and the events'
-    /// together, is one the file's rules accept.
+    /// together, is one the file's rules accept. An event that writes a setting at the
+    /// route's value keeps it, and gets none.
     #[test]
     fn only_events_that_take_a_lowered_setting_follow_it_and_all_hints_apply() {
         use crate::hints::{follow_in_events, Setting, Severity};
@@ -448,6 +449,8 @@ mod tests {
             ),
             // Its own part already lowers its cut_limit.
             ("judged", "cut_limit = 120"),
+            // Writes its own danger_roc, the route's value: its safe_roc stays below it.
+            ("own_danger", "danger_roc = 80\nsafe_roc = 60"),
         ];
         let toml = |own: &str, written: &dyn Fn(&str, &str) -> String| {
             let mut t = format!("[[routes]]\nname = \"order\"\npath_prefix = \"/\"\n{own}\n");

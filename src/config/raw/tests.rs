@@ -248,6 +248,17 @@ fn routes_written_back_read_as_themselves() {
     assert_eq!(again.routes[0].controller, r.controller);
     assert_eq!(again.routes[0].events, r.events);
     assert_eq!(again.routes[0].matcher, r.matcher);
+    // An event that sets `safe_roc` alone keeps the `danger_roc` it was written over
+    // (the three of ROC go together), here not the route's: the table writes it too.
+    let mut kept = r.controller.clone();
+    (kept.danger_roc, kept.safe_roc) = (100.0, 70.0);
+    r.events[0].controller = kept.clone();
+    r.events[0].sets = Some(ProfileFields {
+        safe_roc: true,
+        ..ProfileFields::default()
+    });
+    let again = reread(std::slice::from_ref(&r)).expect("valid");
+    assert_eq!(again.routes[0].events[0].controller, kept);
 }
 
 /// [`EVENT_SETTINGS`] are the settings an event's table takes: the fields its
