@@ -797,20 +797,27 @@ impl Engine {
         Some(self.route(route)?.lock().own.clone())
     }
 
-    /// The route's scheduled events as configured, each with the profile it runs (its
-    /// own fields over the route's own parameters in force); `None` if this engine
-    /// does not hold `route` (see [`RouteId`]).
-    pub fn route_events(&self, route: RouteId) -> Option<Vec<crate::config::Event>> {
-        let st = self.route(route)?.lock();
-        Some(
-            st.events
+    /// What the hints for the route's events need ([`crate::hints::follow_in_events`]),
+    /// read under one hold of the route's lock: its algorithm, its own parameters and
+    /// its scheduled events as configured, each with the profile it runs (its own
+    /// fields over those own parameters). So a runtime change ([`Engine::update_route`])
+    /// is in all of them or in none. `None` if this engine does not hold `route` (see
+    /// [`RouteId`]).
+    pub fn route_tuning(&self, route: RouteId) -> Option<crate::hints::RouteTuning> {
+        let r = self.route(route)?;
+        let st = r.lock();
+        Some(crate::hints::RouteTuning {
+            algorithm: r.algorithm,
+            own: st.own.clone(),
+            events: st
+                .events
                 .iter()
                 .map(|e| crate::config::Event {
                     controller: e.params.clone(),
                     ..e.configured.0.clone()
                 })
                 .collect(),
-        )
+        })
     }
 
     /// What the tuning hints need to know of the route: name, mode, algorithm,

@@ -1271,3 +1271,63 @@ fn partitions_key_alike_whatever_their_tables_bounds() {
     ));
     assert!(!same_keys(&Partition::Route, &Partition::ClientIp(limits)));
 }
+
+/// [`Engine::route_tuning`] gives the route's algorithm, own parameters and events
+/// from one state: after a runtime change, the own parameters are the change's and
+/// each event's profile is moved onto them (an event that takes the base limit runs
+/// the new one, one that writes its own keeps it), so hints judge no event by the
+/// route's old parameters. `GET /admin/hints` read the three under three holds of
+/// the lock, and a change landing between them mixed two states.
+#[test]
+fn route_tuning_is_one_state_of_the_route() {
+    let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nburst = \"2s\"\n\
+                [[routes.events]]\nname = \"takes\"\nstart = \"2027-11-26T10:00:00Z\"\n\
+                duration = \"30m\"\ncut_limit = 150\n\
+                [[routes.events]]\nname = \"writes\"\nstart = \"2027-11-26T11:00:00Z\"\n\
+                duration = \"30m\"\nbase_limit = 300\ndanger_roc = 80\nsafe_roc = 60\n";
+    let config = Config::from_toml_str(toml, "test").unwrap();
+    let e = Engine::new(&config, Nanos::ZERO, std::time::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    let mut changed = e.route_params(id).unwrap();
+    (changed.base_limit_rps, changed.danger_roc) = (160.0, 70.0);
+    e.update_route(id, changed.clone(), Nanos::from_secs(1))
+        .unwrap();
+    let t = e.route_tuning(id).unwrap();
+    assert_eq!(
+        t.algorithm,
+        Algorithm::TokenBucket {
+            burst: Duration::from_secs(2)
+        }
+    );
+    assert_eq!(t.own, changed);
+    let runs: Vec<_> = t
+        .events
+        .iter()
+        .map(|e| {
+            let c = &e.controller;
+            (
+                e.name.as_str(),
+                c.base_limit_rps,
+                c.cut_limit_rps,
+                c.danger_roc,
+                c.safe_roc,
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("takes", 160.0, 150.0, 70.0, 20.0),
+            ("writes", 300.0, 60.0, 80.0, 60.0)
+        ]
+    );
+    // Each event as its table wrote it, for the hints to tell what it takes.
+    let written: Vec<_> = t.events.iter().map(|e| e.sets).collect();
+    assert_eq!(
+        written,
+        [
+            config.routes[0].events[0].sets,
+            config.routes[0].events[1].sets
+        ]
+    );
+}

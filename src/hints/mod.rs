@@ -607,6 +607,19 @@ fn fit_limit(algorithm: &Algorithm, x: f64, up: bool) -> f64 {
     }
 }
 
+/// What [`follow_in_events`] takes of a running route, from one state of it
+/// ([`Engine::route_tuning`](crate::engine::Engine::route_tuning)): a runtime change
+/// of the route is in all three or in none, so no hint is judged from a mix.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteTuning {
+    /// The route's algorithm.
+    pub algorithm: Algorithm,
+    /// The route's own controller parameters in force.
+    pub own: ControllerParams,
+    /// The route's scheduled events, each with the profile it runs over `own`.
+    pub events: Vec<Event>,
+}
+
 /// The hints a scheduled event of the route needs where it takes a limit or a
 /// threshold from the route's own profile and the route's own part of `hints` (those
 /// naming no event) lowers it below a setting the event writes itself, which the

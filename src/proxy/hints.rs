@@ -197,15 +197,13 @@ impl Advisor {
             let Some(id) = engine.route_id(&parts[0].route) else {
                 continue;
             };
-            let (Some(algorithm), Some(own), Some(events)) = (
-                engine.algorithm(id),
-                engine.route_params(id),
-                engine.route_events(id),
-            ) else {
+            // One state of the route: a runtime change between separate reads of the
+            // three would judge the events by one state and the route by another.
+            let Some(t) = engine.route_tuning(id) else {
                 continue;
             };
             let all: Vec<Hint> = parts.iter().flat_map(|r| r.hints.iter().cloned()).collect();
-            let follow = follow_in_events(algorithm, &own, &events, &all);
+            let follow = follow_in_events(&t.algorithm, &t.own, &t.events, &all);
             if let Some(own_part) = parts.iter_mut().find(|r| r.event.is_none()) {
                 own_part.hints.extend(follow);
             }
