@@ -1402,3 +1402,43 @@ fn engine_a_snapshot_never_shows_more_of_the_cuts_own_than_of_roc_cut() {
         assert_eq!(s.cut_vs_base_rejected, Some(2));
     });
 }
+
+/// A runtime update of a route (base limit 200 → 160, danger_roc 80 → 70) races
+/// `GET /admin/hints`'s read of the route for its events' hints
+/// ([`Engine::route_tuning`]): the read gives the route's own parameters and its
+/// events' profiles from one state, both before the update or both after (the
+/// event that takes the base limit and danger_roc runs 200 and 80 beside own 200
+/// and 80, or 160 and 70 beside 160 and 70). Read as two holds of the route's lock,
+/// the own parameters, then the events, it gave the old own parameters beside the
+/// events already moved onto the new, which this model finds.
+#[test]
+fn engine_a_runtime_update_never_reaches_half_of_a_hints_read() {
+    check(|| {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"2027-11-26T10:00:00Z\"\n\
+                    duration = \"30m\"\ncut_limit = 150\n";
+        let config = Config::from_toml_str(toml, "loom").unwrap();
+        let e = Arc::new(Engine::new(&config, Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap());
+        let id = e.route_at(0).unwrap();
+        let update = {
+            let e = Arc::clone(&e);
+            thread::spawn(move || {
+                let mut params = e.route_params(id).unwrap();
+                (params.base_limit_rps, params.danger_roc) = (160.0, 70.0);
+                e.update_route(id, params, Nanos::ZERO).unwrap();
+            })
+        };
+        let rocgate::hints::RouteTuning { own, events, .. } = e.route_tuning(id).unwrap();
+        let read = (
+            own.base_limit_rps,
+            own.danger_roc,
+            events[0].controller.base_limit_rps,
+            events[0].controller.danger_roc,
+        );
+        assert!(
+            read == (200.0, 80.0, 200.0, 80.0) || read == (160.0, 70.0, 160.0, 70.0),
+            "own and event from two states: {read:?}"
+        );
+        update.join().expect("the update");
+    });
+}
