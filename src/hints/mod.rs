@@ -628,7 +628,9 @@ pub struct RouteTuning {
 /// sets a `safe_roc` at or above the lowered `danger_roc`. Each such event gets a hint
 /// of the same rule and severity, in its own `[[routes.events]]` entry (`event`), that
 /// lowers its setting with the route's, keeping its ratio to it (`cut_limit` 150 with
-/// a base limit of 200 lowered to 90 goes to 67). An event whose own part of `hints`
+/// a base limit of 200 lowered to 90 goes to 67): to the one the event runs, which for
+/// `danger_roc` is the one it was written over where the route's changed at runtime
+/// (an event that writes `safe_roc` keeps it). An event whose own part of `hints`
 /// already changes either setting is left to that part, and so is one that writes the
 /// route's setting itself, even at the route's value: it keeps its own (an event built
 /// in code, with no table, is taken to write the fields where its profile differs
@@ -658,11 +660,14 @@ pub fn follow_in_events(
             // (one it takes too follows the route's hint): as its table wrote them, a
             // setting written at the route's value being its own; for an event built
             // in code, which has no table, where its profile differs from the route's.
-            let (upper, lower, value, takes_it) = match parameter {
+            // `runs`: the event's own value of the setting it takes, as it runs (the
+            // route's, but for a danger_roc kept through a runtime change).
+            let (upper, lower, value, runs, takes_it) = match parameter {
                 "base_limit" => (
                     "base_limit",
                     "cut_limit",
                     p.cut_limit_rps,
+                    p.base_limit_rps,
                     e.sets.map_or(
                         p.base_limit_rps == own.base_limit_rps
                             && p.cut_limit_rps != own.cut_limit_rps,
@@ -673,6 +678,7 @@ pub fn follow_in_events(
                     "danger_roc",
                     "safe_roc",
                     p.safe_roc,
+                    p.danger_roc,
                     e.sets.map_or(
                         p.roc_mode == own.roc_mode
                             && p.danger_roc == own.danger_roc
@@ -694,15 +700,18 @@ pub fn follow_in_events(
             if !takes_it || !refused || judged {
                 continue;
             }
+            // Its ratio (or gap) to the setting the event runs, which its own value is
+            // below: so the suggestion is below `to`. The route's `from` is not that
+            // setting where the route's danger_roc was changed at runtime.
             let suggested = if lower == "cut_limit" {
-                fit_limit(algorithm, round_down(value * to / from, value), false).min(to)
+                fit_limit(algorithm, round_down(value * to / runs, value), false).min(to)
             } else if to > 0.0 {
-                round_down(value * to / from, value)
+                round_down(value * to / runs, value)
             } else if p.roc_mode == RocMode::Relative {
                 // Halfway down to −1, the lowest a relative threshold reaches.
                 (to - 1.0) / 2.0
             } else {
-                to - (from - value)
+                to - (runs - value)
             };
             added.push(Hint {
                 route: h.route.clone(),

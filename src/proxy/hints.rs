@@ -312,6 +312,54 @@ mod tests {
         );
     }
 
+    /// `GET /admin/hints` after `PUT /admin/routes/r` lowered the route's danger_roc
+    /// from 80 to 50, below the safe_roc of 60 its event writes: the event keeps the
+    /// danger_roc of 80 it was written over (the three of ROC go together), so the
+    /// change was taken. A lower_danger_roc of the route's, 50 → 40, then needs the
+    /// event's safe_roc below 40 where the file's event takes danger_roc from the
+    /// route: 30, its ratio to the danger_roc it runs (60 of 80). It was scaled by the
+    /// route's 50 instead, to 48, not below the 40 its own reason named.
+    #[test]
+    fn an_events_safe_roc_follows_below_a_danger_roc_lowered_after_a_runtime_change() {
+        let toml = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                    [[routes.events]]\nname = \"sale\"\nstart = \"2027-11-26T20:00:00Z\"\n\
+                    duration = \"30m\"\nsafe_roc = 60\n";
+        let (_, engine) = advised(toml);
+        let id = engine.route_at(0).unwrap();
+        let mut params = engine.route_params(id).unwrap();
+        params.danger_roc = 50.0;
+        engine
+            .update_route(id, params, Nanos::from_secs(1))
+            .unwrap();
+        let t = engine.route_tuning(id).unwrap();
+        let lowered = Hint {
+            route: "r".into(),
+            rule: "lower_danger_roc".into(),
+            severity: crate::hints::Severity::Warn,
+            parameter: Some("danger_roc".into()),
+            current: Some(Setting::Number(50.0)),
+            suggested: Some(Setting::Number(40.0)),
+            reason: String::new(),
+            event: None,
+        };
+        let follow = follow_in_events(&t.algorithm, &t.own, &t.events, &[lowered]);
+        let changes: Vec<_> = follow
+            .iter()
+            .map(|h| {
+                (
+                    h.event.as_deref(),
+                    h.parameter.as_deref(),
+                    h.suggested.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            changes,
+            [(Some("sale"), Some("safe_roc"), Some(Setting::Number(30.0)))],
+            "{follow:#?}"
+        );
+    }
+
     /// `serve`'s hints, with the default `[hints]` (10 s intervals), over the flash
     /// sale (40 req/s, 600 from 20 s to 40 s, back to 40 by 50 s) on a route whose
     /// sale event runs from 20 s to 60 s with a base limit of 500, against an upstream
