@@ -124,20 +124,34 @@ impl ClientIpResolver {
 
     /// The client IP for a request from `peer` with these headers.
     pub fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
-        let peer = canonical(peer?);
+        self.walk(peer, headers).0
+    }
+
+    /// [`resolve`](Self::resolve), and, where the walk ended at an entry that names no
+    /// address (so that the client is the entry right of it, a trusted proxy's, or the
+    /// peer), that entry: every client whose entry the walk ends at shares that key.
+    /// `None` for a walk that ended at the client or ran out of entries.
+    pub fn walk<'h>(
+        &self,
+        peer: Option<IpAddr>,
+        headers: &'h HeaderMap,
+    ) -> (Option<IpAddr>, Option<EndedAt<'h>>) {
+        let Some(peer) = peer.map(canonical) else {
+            return (None, None);
+        };
         if !self.is_trusted(peer) {
-            return Some(peer);
+            return (Some(peer), None);
         }
         let mut client = peer;
         // Split as bytes: a value may hold bytes beyond ASCII, which make only the
-        // entry holding them malformed.
+        // entry holding them malformed. Each entry as received, and its node.
         let xff = (self.header == ClientIpHeader::XForwardedFor)
             .then(|| headers.get_all("x-forwarded-for"));
-        let entries = xff
-            .into_iter()
-            .flat_map(right_to_left)
-            .map(|entry| Some(entry.trim_ascii()));
-        // Each `Forwarded` element's `for=`, unquoted.
+        let entries = xff.into_iter().flat_map(right_to_left).map(|entry| {
+            let entry = entry.trim_ascii();
+            (entry, Some(entry))
+        });
+        // Each `Forwarded` element, and its `for=`, unquoted.
         let forwarded =
             (self.header == ClientIpHeader::Forwarded).then(|| headers.get_all("forwarded"));
         let elements = forwarded
@@ -146,10 +160,10 @@ impl ClientIpResolver {
             .flat_map(|v| Elements {
                 rest: Some(v.as_bytes()),
             })
-            .map(forwarded_for);
-        for (taken, entry) in (1..).zip(entries.chain(elements)) {
-            let ip = entry
-                .and_then(|entry| std::str::from_utf8(entry).ok())
+            .map(|element| (element.trim_ascii(), forwarded_for(element)));
+        for (taken, (entry, node)) in (1..).zip(entries.chain(elements)) {
+            let ip = node
+                .and_then(|node| std::str::from_utf8(node).ok())
                 .and_then(node_address);
             match ip {
                 Some(ip) => {
@@ -163,11 +177,73 @@ impl ClientIpResolver {
                     }
                 }
                 // A malformed entry ends the walk: what lies left of it is unverifiable.
-                None => break,
+                None => {
+                    let ended = EndedAt {
+                        reason: Fallback::of(node),
+                        entry,
+                    };
+                    return (Some(client), Some(ended));
+                }
             }
         }
-        Some(client)
+        (Some(client), None)
     }
+}
+
+/// Why a walk through the forwarding header ended at an entry rather than at the
+/// client: the request is then keyed by the entry right of it (a trusted proxy's) or
+/// the peer, with every other client whose entry the walk ends at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fallback {
+    /// The entry names nothing: empty in `X-Forwarded-For` (`a, , b`, a trailing
+    /// comma), or a `Forwarded` element without `for=` or with an empty one.
+    EmptyEntry,
+    /// The entry is no address rocgate reads (`junk`, `[203.0.113.7]`, an address
+    /// with a zone id it refuses).
+    MalformedEntry,
+    /// The entry is `unknown` or an obfuscated identifier (`_hidden`), which RFC 7239
+    /// lets a proxy write in place of the address it hides.
+    HiddenNode,
+}
+
+impl Fallback {
+    /// Every reason, in the order of their labels.
+    pub const ALL: [Fallback; 3] = [
+        Fallback::EmptyEntry,
+        Fallback::MalformedEntry,
+        Fallback::HiddenNode,
+    ];
+
+    /// The reason's label: `empty_entry`, `malformed_entry`, `hidden_node`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fallback::EmptyEntry => "empty_entry",
+            Fallback::MalformedEntry => "malformed_entry",
+            Fallback::HiddenNode => "hidden_node",
+        }
+    }
+
+    /// The reason a node (`None`: a `Forwarded` element without `for=`) that is no
+    /// address is one.
+    fn of(node: Option<&[u8]>) -> Fallback {
+        match node {
+            None | Some([]) => Fallback::EmptyEntry,
+            Some(n) if n.eq_ignore_ascii_case(b"unknown") || n.first() == Some(&b'_') => {
+                Fallback::HiddenNode
+            }
+            Some(_) => Fallback::MalformedEntry,
+        }
+    }
+}
+
+/// The entry a walk ended at ([`ClientIpResolver::walk`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndedAt<'h> {
+    /// Why it names no address.
+    pub reason: Fallback,
+    /// The entry as received, without the whitespace around it: an `X-Forwarded-For`
+    /// entry, or a whole `Forwarded` element.
+    pub entry: &'h [u8],
 }
 
 /// The address of a forwarding entry or node: an address (`1.2.3.4`, `2001:db8::1`),
@@ -626,6 +702,54 @@ mod tests {
         assert_eq!(two.resolve(peer, &h), Some(ip("198.51.100.1")));
         let h = headers(&["6.6.6.6, 198.51.100.1,"]);
         assert_eq!(two.resolve(peer, &h), peer);
+    }
+
+    /// The walk says which entry it ended at, as received, and why: empty, malformed,
+    /// or a node RFC 7239 lets a proxy hide; not where it ended at the client, ran out
+    /// of entries (fewer than the trusted hops: the left-most is a proxy's word for its
+    /// client), or met a bad entry only left of the client.
+    #[test]
+    fn the_walk_names_the_entry_it_ended_at() {
+        let r = ClientIpResolver::new(vec!["10.0.0.0/8".parse().unwrap()]);
+        let peer = Some(ip("10.0.0.1"));
+        let ended = |r: &ClientIpResolver, h: &HeaderMap| {
+            let (client, at) = r.walk(peer, h);
+            (client, at.map(|a| (a.reason, a.entry.to_vec())))
+        };
+        let h = headers(&["6.6.6.6, , 10.0.0.2"]);
+        let empty = Some((Fallback::EmptyEntry, b"".to_vec()));
+        assert_eq!(ended(&r, &h), (Some(ip("10.0.0.2")), empty));
+        let h = headers(&["6.6.6.6, [203.0.113.7] , 10.0.0.2"]);
+        let bad = Some((Fallback::MalformedEntry, b"[203.0.113.7]".to_vec()));
+        assert_eq!(ended(&r, &h), (Some(ip("10.0.0.2")), bad));
+        let h = headers(&["unknown"]);
+        let hidden = Some((Fallback::HiddenNode, b"unknown".to_vec()));
+        assert_eq!(ended(&r, &h), (peer, hidden));
+        for good in ["junk, , 203.0.113.7, 10.0.0.2", "10.0.0.3, 10.0.0.2"] {
+            let h = headers(&[good]);
+            assert_eq!(ended(&r, &h).1, None, "{good}");
+        }
+        // A trusted peer's header sent empty names no one; none sent is no entry.
+        let h = headers(&[""]);
+        assert_eq!(
+            ended(&r, &h),
+            (peer, Some((Fallback::EmptyEntry, Vec::new())))
+        );
+        assert_eq!(ended(&r, &HeaderMap::new()), (peer, None));
+        let three = ClientIpResolver::default().with_trusted_hops(3);
+        let h = headers(&["203.0.113.7, 198.51.100.1"]);
+        assert_eq!(ended(&three, &h), (Some(ip("203.0.113.7")), None));
+        let fwd = r.clone().with_header(ClientIpHeader::Forwarded);
+        let h = forwarded(&["for=6.6.6.6, proto=http;by=10.0.0.9 , for=10.0.0.2"]);
+        let no_for = Some((Fallback::EmptyEntry, b"proto=http;by=10.0.0.9".to_vec()));
+        assert_eq!(ended(&fwd, &h), (Some(ip("10.0.0.2")), no_for));
+        let h = forwarded(&["for=6.6.6.6, for=_hidden;proto=https"]);
+        let hidden = Some((Fallback::HiddenNode, b"for=_hidden;proto=https".to_vec()));
+        assert_eq!(ended(&fwd, &h), (peer, hidden));
+        let h = forwarded(&[r#"for="[203.0.113.7]""#]);
+        assert_eq!(ended(&fwd, &h).1.unwrap().0, Fallback::MalformedEntry);
+        // From an untrusted peer nothing is walked.
+        assert_eq!(r.walk(Some(ip("1.2.3.4")), &headers(&[", x"])).1, None);
     }
 
     /// With trusted hops the client is the hops-th entry from the right, whatever

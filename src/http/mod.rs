@@ -52,7 +52,7 @@ mod layer;
 pub mod rejection;
 mod service;
 
-pub use client_ip::{ClientIpResolver, PeerAddr};
+pub use client_ip::{ClientIpResolver, EndedAt, Fallback, PeerAddr};
 #[cfg(feature = "proxy")]
 pub(crate) use future::HoldUntilEnd;
 pub use future::{hold_permit_through_body, HeldPermit, ResponseFuture};
