@@ -2767,3 +2767,84 @@ async fn stacked_layers_over_one_engine_hold_one_concurrency_permit() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+/// A request on a route partitioned by `ip` whose forwarding header ends the walk at an
+/// empty or malformed entry is keyed by the proxy right of it: every such client shares
+/// that key. Each one is counted in `rocgate_client_key_fallbacks_total` by route and
+/// reason, and said at WARN at most once a minute per route and reason, naming the
+/// header, the entry as received (escaped) and the key taken; a good walk counts
+/// nothing. Nothing said so before.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_walk_ended_by_a_bad_entry_is_counted_and_said_once_a_minute() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let config = order_per_client("rq-fallback");
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+    let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock.clone())
+        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let send = |xff: &'static [u8]| {
+        let app = app.clone();
+        async move {
+            let mut req = post_order();
+            req.headers_mut().insert(
+                "x-forwarded-for",
+                http::HeaderValue::from_bytes(xff).unwrap(),
+            );
+            req.extensions_mut()
+                .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+            let _ = app.oneshot(req).await.unwrap();
+        }
+    };
+    let count = |reason: &str| {
+        let line = format!(
+            "rocgate_client_key_fallbacks_total{{route=\"rq-fallback\",reason=\"{reason}\"}} "
+        );
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&line).map(|n| n.parse::<u64>().unwrap()))
+    };
+    let said = "rocgate_client_key_fallbacks_total";
+    send(b"203.0.113.1, 10.0.0.2").await;
+    assert_eq!(count("empty_entry"), None, "{}", handle.render());
+    assert_eq!(count("malformed_entry"), None);
+    assert_eq!(log.lines_with(said).len(), 0);
+
+    send(b"203.0.113.1, , 10.0.0.2").await;
+    send(b"203.0.113.1, 10.0.0.3,").await;
+    assert_eq!(count("empty_entry"), Some(2));
+    let lines = log.lines_with(said);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    for part in [
+        "WARN",
+        "rq-fallback",
+        "x-forwarded-for",
+        "empty_entry",
+        "10.0.0.2",
+    ] {
+        assert!(lines[0].contains(part), "{part}: {lines:?}");
+    }
+
+    send(b"6.6.6.6, junk\xe9\"x, 10.0.0.2").await;
+    assert_eq!(count("malformed_entry"), Some(1));
+    let lines = log.lines_with("malformed_entry");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains(r#"entry="junk\xe9\"x""#), "{lines:?}");
+    assert!(!lines[0].contains("6.6.6.6"), "{lines:?}");
+
+    // Within the minute, counted and not said; a minute after the last line, said.
+    clock.advance(Duration::from_secs(59));
+    send(b", 10.0.0.2").await;
+    assert_eq!(count("empty_entry"), Some(3));
+    assert_eq!(log.lines_with("empty_entry").len(), 1);
+    clock.advance(Duration::from_secs(1));
+    send(b", 10.0.0.2").await;
+    assert_eq!(count("empty_entry"), Some(4));
+    assert_eq!(log.lines_with("empty_entry").len(), 2);
+}

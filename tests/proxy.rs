@@ -870,6 +870,45 @@ async fn spoofed_forwarded_for_values_from_one_client_share_one_bucket() {
     assert_eq!(upstream.hits(), CAPACITY);
 }
 
+/// `serve` counts the requests on a route partitioned by `ip` whose forwarding header's
+/// walk ended at an empty or malformed entry, keying them by the trusted proxy right of
+/// it (here the peer), in `rocgate_client_key_fallbacks_total` by route and reason,
+/// each series at 0 from the first scrape; a good walk counts nothing. Nothing
+/// counted them before.
+#[tokio::test]
+async fn serve_counts_clients_keyed_by_a_proxy_for_a_bad_forwarding_entry() {
+    let upstream = start_upstream().await;
+    let mut route = trickle_route("per-ip-fallback", "/per-ip-fallback", 100);
+    route.partition = Partition::ClientIp(KeyLimits::default());
+    let mut settings = settings(upstream.addr);
+    settings.forward.resolver = ClientIpResolver::new(vec!["127.0.0.0/8".parse().unwrap()]);
+    let proxy = start_proxy(settings, vec![route]).await;
+    let counts = || async {
+        let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        ["empty_entry", "malformed_entry", "hidden_node"].map(|reason| {
+            let series = format!(
+                "rocgate_client_key_fallbacks_total{{route=\"per-ip-fallback\",reason=\"{reason}\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&series))
+                .unwrap_or_else(|| panic!("no {series}: {text}"))
+                .to_owned()
+        })
+    };
+    assert_eq!(counts().await, ["0", "0", "0"]);
+    for xff in [
+        "203.0.113.7",
+        "203.0.113.7, ",
+        "6.6.6.6, , 203.0.113.8",
+        "6.6.6.6, junk",
+    ] {
+        let req = empty(get("/per-ip-fallback").header("x-forwarded-for", xff));
+        assert_eq!(send(proxy.addr, req).await.status, StatusCode::OK, "{xff}");
+    }
+    assert_eq!(counts().await, ["1", "1", "0"]);
+}
+
 /// `serve` keys a `header:authorization` partition by the credential however its
 /// scheme is spelled (`credentials_key`), through the same layer as the tower one, and
 /// sends the header on as the client wrote it: the key is rocgate's, not the request.

@@ -1,6 +1,6 @@
 //! [`AdmissionLayer`]: the tower layer, its builder, and the state all clones share.
 
-use super::client_ip::{ClientIpResolver, PeerAddr};
+use super::client_ip::{ClientIpResolver, EndedAt, Fallback, PeerAddr};
 use super::decided::Mark;
 use super::service::AdmissionService;
 use crate::clock::{Clock, MonotonicClock, Nanos};
@@ -11,9 +11,10 @@ use arc_swap::ArcSwap;
 use axum::extract::{ConnectInfo, MatchedPath, OriginalUri};
 use http::{HeaderValue, Request};
 use ipnet::IpNet;
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 /// How a request is mapped to a route.
@@ -139,6 +140,69 @@ pub(crate) struct Gate {
     /// What the layer has seen of a setup that limits nothing, or less than it should,
     /// to say so once in the log.
     misplaced: Misplaced,
+    /// When each route last said a client keyed by a proxy's address, by reason.
+    fallbacks: FallbackLog,
+}
+
+/// When each route last said, at WARN, that a walk through the forwarding header ended
+/// at an entry naming no address, by reason: said at most once a minute per route and
+/// reason, counted every time (`rocgate_client_key_fallbacks_total`).
+#[derive(Default)]
+struct FallbackLog(Mutex<HashMap<(Arc<str>, Fallback), Nanos>>);
+
+impl FallbackLog {
+    /// The least time between two lines of one route and reason.
+    const EVERY: Duration = Duration::from_secs(60);
+    /// The most bytes of the entry a line shows.
+    const ENTRY_SHOWN: usize = 64;
+
+    /// A request on `route` keyed by `client` as the walk ended at `ended`, at `now`.
+    #[cold]
+    #[inline(never)]
+    fn note(
+        &self,
+        engine: &Engine,
+        route: RouteId,
+        header: ClientIpHeader,
+        ended: EndedAt<'_>,
+        client: Option<IpAddr>,
+        now: Nanos,
+    ) {
+        let label = engine.route_label(route).unwrap_or_default();
+        let reason = ended.reason.as_str();
+        metrics::counter!(crate::metrics::CLIENT_KEY_FALLBACKS, "route" => label.to_string(), "reason" => reason)
+            .increment(1);
+        {
+            let mut said = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = (Arc::clone(&label), ended.reason);
+            if said
+                .get(&key)
+                .is_some_and(|&last| now.saturating_since(last) < Self::EVERY)
+            {
+                return;
+            }
+            said.insert(key, now);
+        }
+        let shown = &ended.entry[..ended.entry.len().min(Self::ENTRY_SHOWN)];
+        let cut = if shown.len() < ended.entry.len() {
+            format!(
+                " (its first {} of {} bytes)",
+                shown.len(),
+                ended.entry.len()
+            )
+        } else {
+            String::new()
+        };
+        let key = client.map_or_else(|| "none".to_owned(), |ip| ip.to_string());
+        tracing::warn!(
+            route = &*label,
+            header = header.as_str(),
+            reason,
+            entry = %format_args!("\"{}\"{cut}", shown.escape_ascii()),
+            key = %key,
+            "a request's walk through its forwarding header ended at an entry naming no address: it is keyed by the address right of it, a trusted proxy's (or the peer), as is every client whose entry the walk ends at, and that key's limit is theirs together (counted in rocgate_client_key_fallbacks_total; said at most once a minute per route and reason)"
+        );
+    }
 }
 
 /// What a [`Gate`] has seen of a setup that limits nothing, or less than it should, and
@@ -258,7 +322,15 @@ impl Gate {
                     self.misplaced.no_peer(engine, route);
                 }
                 let client = match peer_forwards {
-                    true => self.resolver.resolve(peer, req.headers()),
+                    true => match self.resolver.walk(peer, req.headers()) {
+                        (client, None) => client,
+                        (client, Some(ended)) => {
+                            let (header, now) = (self.resolver.header(), self.clock.now());
+                            self.fallbacks
+                                .note(engine, route, header, ended, client, now);
+                            client
+                        }
+                    },
                     false => peer.map(|ip| ip.to_canonical()),
                 };
                 client.map_or(TableKey::None, TableKey::Ip)
@@ -607,6 +679,7 @@ impl AdmissionLayerBuilder {
                 matched_route: self.matched_route,
                 rejections: super::rejection::Templates::default(),
                 misplaced: Misplaced::default(),
+                fallbacks: FallbackLog::default(),
             }),
         }
     }

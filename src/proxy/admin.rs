@@ -800,6 +800,7 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
     #[cfg(not(feature = "redis"))]
     m.collector.collect(&engine, now);
     register_upstream_errors(m, &engine);
+    register_client_key_fallbacks(&engine);
     metrics::gauge!(crate::metrics::IN_FLIGHT).set(m.in_flight.load(Ordering::Relaxed) as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_LANES).set(m.lanes.open() as f64);
     metrics::gauge!(crate::metrics::UPSTREAM_REQUESTS).set(m.upstream_requests.held() as f64);
@@ -863,6 +864,26 @@ fn register_upstream_errors(m: &Exporter, engine: &Engine) {
     if registered.len() > engine.route_ids().len() + 1 {
         let in_force: HashSet<&str> = routes().collect();
         registered.retain(|route| in_force.contains(route.as_str()));
+    }
+}
+
+/// Registers the `rocgate_client_key_fallbacks_total` series of every reason of each
+/// route of `engine` partitioned by `ip`, at 0 before its first fallback, so that
+/// `rate` counts that one too (an increment of 0 leaves a count as it is). A route is
+/// looked at on every scrape: a reload may partition one by `ip` that was not.
+fn register_client_key_fallbacks(engine: &Engine) {
+    for route in engine.route_ids() {
+        if !matches!(
+            engine.partition(route),
+            Some(crate::config::Partition::ClientIp(_))
+        ) {
+            continue;
+        }
+        let label = engine.route_label(route).unwrap_or_default();
+        for reason in crate::http::Fallback::ALL {
+            metrics::counter!(crate::metrics::CLIENT_KEY_FALLBACKS, "route" => label.to_string(), "reason" => reason.as_str())
+                .increment(0);
+        }
     }
 }
 
