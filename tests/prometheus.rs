@@ -283,8 +283,13 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         built.forward.max_body_bytes = 1024;
         built
     };
+    // A route partitioned by ip, which no request takes: its forwarding fallbacks are
+    // counted from 0.
+    let mut per_ip = RouteConfig::new("per-ip", RouteMatch::prefix("/per-ip"));
+    per_ip.partition = rocgate::config::Partition::ClientIp(Default::default());
     let config = Config::new(vec![
         quick_route(),
+        per_ip,
         RouteConfig::new("rest", RouteMatch::any()),
     ]);
     let proxy = Proxy::bind(settings(), &config, None).await.unwrap();
