@@ -165,7 +165,7 @@ impl FallbackLog {
         route: RouteId,
         header: ClientIpHeader,
         ended: EndedAt<'_>,
-        client: Option<IpAddr>,
+        client: IpAddr,
         now: Nanos,
     ) {
         let label = engine.route_label(route).unwrap_or_default();
@@ -193,13 +193,12 @@ impl FallbackLog {
         } else {
             String::new()
         };
-        let key = client.map_or_else(|| "none".to_owned(), |ip| ip.to_string());
         tracing::warn!(
             route = &*label,
             header = header.as_str(),
             reason,
             entry = %format_args!("\"{}\"{cut}", shown.escape_ascii()),
-            key = %key,
+            key = %client,
             "a request's walk through its forwarding header ended at an entry naming no address: it is keyed by the address right of it, a trusted proxy's (or the peer), as is every client whose entry the walk ends at, and that key's limit is theirs together (counted in rocgate_client_key_fallbacks_total; said at most once a minute per route and reason)"
         );
     }
@@ -323,13 +322,13 @@ impl Gate {
                 }
                 let client = match peer_forwards {
                     true => match self.resolver.walk(peer, req.headers()) {
-                        (client, None) => client,
-                        (client, Some(ended)) => {
+                        (Some(client), Some(ended)) => {
                             let (header, now) = (self.resolver.header(), self.clock.now());
                             self.fallbacks
                                 .note(engine, route, header, ended, client, now);
-                            client
+                            Some(client)
                         }
+                        (client, _) => client,
                     },
                     false => peer.map(|ip| ip.to_canonical()),
                 };
