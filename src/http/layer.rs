@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, SystemTime};
 
 /// How a request is mapped to a route.
@@ -173,7 +173,13 @@ impl FallbackLog {
         metrics::counter!(crate::metrics::CLIENT_KEY_FALLBACKS, "route" => label.to_string(), "reason" => reason)
             .increment(1);
         {
-            let mut said = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            // Never waited for: under a flood of such requests, the one that finds the
+            // table taken leaves the line to the next (every request is counted above).
+            let mut said = match self.0.try_lock() {
+                Ok(said) => said,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
             let key = (Arc::clone(&label), ended.reason);
             if said
                 .get(&key)
