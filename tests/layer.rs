@@ -77,6 +77,12 @@ fn post_order() -> Request<Body> {
 }
 
 /// [`post_order`] from the peer `peer` (port 4242), carrying `X-Forwarded-For: xff`.
+/// The status `app` answers an order forwarded by the proxy 10.0.0.1 with `xff`.
+async fn from_proxy(app: &Router, xff: &str) -> StatusCode {
+    let req = order_from(xff, "10.0.0.1");
+    app.clone().oneshot(req).await.unwrap().status()
+}
+
 fn order_from(xff: &str, peer: &str) -> Request<Body> {
     let mut req = post_order();
     req.headers_mut()
@@ -2571,15 +2577,7 @@ async fn an_empty_forwarded_for_entry_keys_by_the_proxy_right_of_it() {
         AdmissionLayer::from_config(&config).unwrap(),
         Arc::new(AtomicU64::new(0)),
     );
-    let status = |xff| {
-        let app = app.clone();
-        async move {
-            app.oneshot(order_from(xff, "10.0.0.1"))
-                .await
-                .unwrap()
-                .status()
-        }
-    };
+    let status = |xff| from_proxy(&app, xff);
     assert_eq!(status("203.0.113.1, , 10.0.0.2").await, StatusCode::OK);
     assert_eq!(
         status("203.0.113.9, , 10.0.0.2").await,
@@ -2610,15 +2608,7 @@ async fn an_ipv6_client_named_with_its_zone_id_is_a_key_of_its_own() {
         AdmissionLayer::from_config(&config).unwrap(),
         Arc::new(AtomicU64::new(0)),
     );
-    let status = |xff| {
-        let app = app.clone();
-        async move {
-            app.oneshot(order_from(xff, "10.0.0.1"))
-                .await
-                .unwrap()
-                .status()
-        }
-    };
+    let status = |xff| from_proxy(&app, xff);
     assert_eq!(status("fe80::1%eth0").await, StatusCode::OK);
     assert_eq!(status("fe80::2%eth0").await, StatusCode::OK, "its own key");
     assert_eq!(
