@@ -77,6 +77,15 @@ fn post_order() -> Request<Body> {
 }
 
 /// [`post_order`] from the peer `peer` (port 4242), carrying `X-Forwarded-For: xff`.
+/// The statuses `app` answers `n` orders with, one after the other.
+async fn orders(app: &Router, n: usize) -> Vec<StatusCode> {
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
+    }
+    statuses
+}
+
 /// The status `app` answers an order forwarded by the proxy 10.0.0.1 with `xff`.
 async fn from_proxy(app: &Router, xff: &str) -> StatusCode {
     let req = order_from(xff, "10.0.0.1");
@@ -2500,10 +2509,7 @@ async fn two_layers_over_one_engine_decide_a_request_once() {
             .layer(inner),
         )
         .layer(outer.clone());
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
-    }
+    let statuses = orders(&app, 3).await;
     assert_eq!(
         statuses,
         [
@@ -2534,10 +2540,7 @@ async fn two_layers_over_one_engine_decide_a_request_once() {
     let app = Router::new()
         .route("/api/order", post(|| async { "ordered" }).layer(own))
         .layer(wide);
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
-    }
+    let statuses = orders(&app, 3).await;
     assert_eq!(
         statuses,
         [
@@ -2558,10 +2561,7 @@ async fn two_layers_over_one_engine_decide_a_request_once() {
     let app = Router::new()
         .route("/api/order", post(|| async { "ordered" }).layer(other))
         .layer(outer);
-    let mut statuses = Vec::new();
-    for _ in 0..2 {
-        statuses.push(app.clone().oneshot(post_order()).await.unwrap().status());
-    }
+    let statuses = orders(&app, 2).await;
     assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
 }
 
