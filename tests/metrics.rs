@@ -273,6 +273,41 @@ fn every_alert_has_a_runbook_row() {
     );
 }
 
+/// The Prometheus files work together on one host as README says: the scrape job's
+/// target is the default config's admin API, and README's command starts Prometheus
+/// where `datasource.yml` sends Grafana, off 9090, which that admin API holds (README
+/// named no port for Prometheus, and the data source's 9091 was found only in the
+/// file's comment).
+#[test]
+fn the_prometheus_command_listens_where_grafana_looks() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |file: &str| std::fs::read_to_string(root.join(file)).unwrap();
+    let admin = Config::embedded_default().server.admin_listen.to_string();
+    let scrape = read("dashboards/prometheus.yml");
+    assert!(
+        scrape.contains(&format!("targets: [\"{admin}\"]")),
+        "dashboards/prometheus.yml does not scrape the default admin API {admin}"
+    );
+    let readme = include_str!("../README.md").replace('\n', " ");
+    let command = "`prometheus --config.file=dashboards/prometheus.yml --web.listen-address=";
+    let at = readme
+        .find(command)
+        .expect("README shows the command that starts Prometheus beside rocgate");
+    let prometheus = readme[at + command.len()..]
+        .split([' ', '`'])
+        .next()
+        .unwrap();
+    assert_ne!(
+        prometheus, admin,
+        "Prometheus and the admin API on one port"
+    );
+    assert!(
+        read("dashboards/provisioning/datasource.yml")
+            .contains(&format!("url: http://{prometheus}\n")),
+        "datasource.yml does not look for Prometheus at {prometheus}, where README starts it"
+    );
+}
+
 /// Every state of the controller.
 const STATES: [ControllerState; 3] = [
     ControllerState::Normal,
