@@ -1,7 +1,8 @@
 //! README's "As a tower/axum layer" code, compiled and run: every ```rust block of
 //! README.md appears verbatim in this file, inside a test that runs it, so that an
 //! API change that breaks a README example breaks this build. Also README's links to
-//! its own headings and to benches/README.md's, which a renamed heading breaks.
+//! its own headings and to benches/README.md's, which a renamed heading breaks, and
+//! the axum version its layer section names, which an axum upgrade makes stale.
 #![cfg(feature = "http")]
 
 use axum::routing::post;
@@ -97,6 +98,29 @@ async fn the_layer_around_the_router() -> Result<(), Box<dyn Error>> {
 /// README's recorder for a layer's metrics: `rocgate_roc_observed` is a histogram
 /// (with the exporter's defaults it is a summary, with no `_bucket` series for the
 /// dashboard's "Observed ROC" panel).
+/// README's dependency line for the layer names the axum it is built for, the major
+/// version of rocgate's own `axum` dependency: it named rocgate alone, and a
+/// newcomer's `cargo add axum` of another major version takes no rocgate layer.
+#[test]
+fn the_readme_names_the_axum_the_layer_is_built_for() {
+    let manifest = include_str!("../Cargo.toml");
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("axum = { version = \""))
+        .and_then(|rest| rest.split('"').next())
+        .expect("Cargo.toml depends on axum");
+    let readme = include_str!("../README.md");
+    let section = readme
+        .split_once("### As a tower/axum layer\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(before_code, _)| before_code.replace('\n', " "))
+        .expect("README's layer section");
+    assert!(
+        section.contains(&format!("`axum = \"{version}\"`")),
+        "README's layer section does not name axum {version} beside rocgate: {section}"
+    );
+}
+
 #[cfg(feature = "proxy")]
 #[test]
 fn the_roc_histogram_has_its_buckets() -> Result<(), Box<dyn Error>> {
