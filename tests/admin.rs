@@ -1033,6 +1033,8 @@ async fn a_request_without_one_valid_host_gets_400() {
     let none = "no Host field: an HTTP/1.1 request names its host (RFC 9112 §3.2)";
     let two = "two Host fields: a request names one host (RFC 9112 §3.2)";
     let invalid = "a Host field that is no host[:port] (RFC 9112 §3.2)";
+    let merged =
+        "a Host field holding a comma, as two Host fields merged: a request names one host (RFC 9112 §3.2)";
     for path in ["/admin/routes", "/healthz", "/readyz", "/metrics"] {
         for (head, why) in [
             (format!("GET {path} HTTP/1.1\r\n"), none),
@@ -1058,6 +1060,22 @@ async fn a_request_without_one_valid_host_gets_400() {
                 invalid,
             ),
             (format!("GET {path} HTTP/1.1\r\nHost: \r\n"), invalid),
+            (
+                format!("GET {path} HTTP/1.1\r\nHost: localhost,127.0.0.1\r\n"),
+                merged,
+            ),
+            (
+                format!("GET {path} HTTP/1.1\r\nHost: localhost, evil.example\r\n"),
+                merged,
+            ),
+            (
+                format!("GET {path} HTTP/1.0\r\nHost: localhost,localhost\r\n"),
+                merged,
+            ),
+            (
+                format!("GET http://127.0.0.1{path} HTTP/1.1\r\nHost: localhost,127.0.0.1\r\n"),
+                merged,
+            ),
         ] {
             let raw = raw_admin(
                 p.admin,

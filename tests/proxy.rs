@@ -2820,6 +2820,43 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
     );
 }
 
+/// Two hosts in one `Host` field, `a.example,b.example`, as a client or a proxy in
+/// front writes two `Host` fields merged into one (RFC 9110 §5.3), get 400 like the two
+/// fields, and are not forwarded: a front proxy that keeps the first and the upstream
+/// that reads the line would see two different hosts. RFC 3986's reg-name takes a comma
+/// (a sub-delim), but no host name holds one (RFC 1123); Jetty refuses it, nginx and
+/// Envoy pass it on. Refused in HTTP/1.0 and in absolute form too, as two fields are.
+#[tokio::test]
+async fn a_host_holding_a_comma_gets_400_and_is_not_forwarded() {
+    let (upstream, proxy) = forwarding_proxy().await;
+    for (n, head) in [
+        "GET /merged-0 HTTP/1.1\r\nHost: a.example,b.example",
+        "GET /merged-1 HTTP/1.1\r\nHost: a.example, b.example",
+        "GET /merged-2 HTTP/1.1\r\nHost: a.example,",
+        "GET /merged-3 HTTP/1.0\r\nHost: a.example,a.example",
+        "GET http://a.example/merged-4 HTTP/1.1\r\nHost: a.example,b.example",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let raw = raw_exchange(
+            proxy.addr,
+            format!("{head}\r\nConnection: close\r\n\r\n").as_bytes(),
+            IO_TIMEOUT,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.contains(" 400 "), "{n}: {text}");
+        assert!(
+            text.ends_with(
+                r#"{"error":"bad_request","detail":"a Host field holding a comma, as two Host fields merged: a request names one host (RFC 9112 §3.2)"}"#
+            ),
+            "{n}: {text}"
+        );
+    }
+    assert_eq!(upstream.all_paths(), Vec::<String>::new());
+}
+
 /// A `Host` that is no `host[:port]` (RFC 9110 §7.2) gets 400 (RFC 9112 §3.2: a server
 /// MUST; stricter than nginx, which refuses whitespace and a path but takes a `@` and
 /// bytes beyond ASCII, and than Envoy, which takes a userinfo in HTTP/1), and is not

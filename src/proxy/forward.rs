@@ -421,7 +421,14 @@ pub(crate) fn host_refusal(
 
 /// What is wrong with the `Host` fields `scan` found in a request of `version` for
 /// `uri`. Two `Host`s are refused: a proxy in front that reads the other one would
-/// route or cache by another host than the upstream sees. So is an HTTP/1.1 request
+/// route or cache by another host than the upstream sees. So is one `Host` holding a
+/// comma (`a.example,b.example`), the shape two `Host` fields take merged into one
+/// line (RFC 9110 §5.3), as a client or a proxy in front may write them: RFC 3986's
+/// `reg-name` takes a comma among its sub-delims, but no host name holds one (RFC
+/// 1123), and the one that keeps the first host and the one that reads the line see
+/// two. Jetty refuses it (400 "Bad Host"); nginx and Envoy check a `Host`'s characters
+/// only and pass it on. Like two fields, it is refused in HTTP/1.0 and beside a target
+/// in absolute form. So is an HTTP/1.1 request
 /// that names no host in `Host`, whatever its target: forwarded, it went up with the
 /// upstream's own `Host`, for a host the client never named, and a target in absolute
 /// form replaces the `Host` it must carry, not its absence (RFC 9112 §3.2.2). HTTP/1.0
@@ -433,6 +440,12 @@ pub(crate) fn host_refusal(
 fn host_problem(version: http::Version, uri: &Uri, scan: &HeadScan<'_>) -> Option<&'static str> {
     match scan.hosts {
         2 => return Some("two Host fields: a request names one host (RFC 9112 §3.2)"),
+        1 if scan.host.is_some_and(|h| h.as_bytes().contains(&b',')) => {
+            return Some(
+                "a Host field holding a comma, as two Host fields merged: \
+                 a request names one host (RFC 9112 §3.2)",
+            )
+        }
         0 if version == http::Version::HTTP_11 => {
             return Some("no Host field: an HTTP/1.1 request names its host (RFC 9112 §3.2)")
         }
