@@ -890,6 +890,52 @@ fn a_token_file_that_gives_no_token_is_refused_naming_it() {
     }
 }
 
+/// A token file no one writes to (a named pipe without a writer, a process
+/// substitution whose command hangs) is given up after the command's 10 s, exit 2,
+/// naming the file (escaped) and saying nothing was written to it; `rocgate hints`
+/// waited in `open` for ever, before its request's timeout began. Bounded here by the
+/// test's own minute, not timed: the exit and the message are what is asserted.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_token_file_no_one_writes_to_is_given_up_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("token\u{1b}[2J");
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+    )
+    .unwrap();
+    let child = tokio::process::Command::from(hints_command(
+        &[
+            "--admin",
+            "http://127.0.0.1:9",
+            "--token-file",
+            fifo.to_str().unwrap(),
+        ],
+        None,
+    ))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true)
+    .spawn()
+    .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("rocgate hints gives the token file up within a minute")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "--token-file: {}/token\\u{{1b}}[2J gave no token within 10s: nothing was written \
+             to it, or its writer never closed it (a named pipe no one writes to?)",
+            dir.path().display()
+        )
+    );
+}
+
 /// With `ROCGATE__ADMIN__TOKEN` set and no `--token-file`, `rocgate hints` sends no
 /// `Authorization` header: it sent the variable's token to whatever `--admin` named,
 /// over plain HTTP, where it was exported (as it is wherever `serve` runs with it); the

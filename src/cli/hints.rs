@@ -8,7 +8,7 @@
 //! wherever `serve` runs with it, and was sent to whatever `--admin` named (the proxy's
 //! port by mistake, which passed it on to the application). A token held in a variable
 //! is passed as `--token-file <(printf %s "$ROCGATE__ADMIN__TOKEN")`: a pipe is read
-//! as a file is.
+//! as a file is, within the request's own bound ([`TIMEOUT`]).
 //!
 //! Exit codes: 0 with hints printed, 1 when the admin API cannot be reached or
 //! answers with an error, 2 for a bad `--admin` URL, `--period` or token.
@@ -199,12 +199,35 @@ impl Token {
 /// naming it: it cannot be read, is not UTF-8 text, is empty, is over
 /// [`TOKEN_FILE_MAX`] (read no further), or holds what an `Authorization` header
 /// cannot carry, as `[admin] token` is checked (the token itself is never shown).
+///
+/// The file is read on a thread of its own, waited for [`TIMEOUT`], as the request
+/// is: a named pipe that no one writes to (or a process substitution whose command
+/// hangs) blocks its `open` or its read for ever, which no timeout of the request's
+/// would bound. Given up, the thread is left blocked, and ends with the process.
 fn token_from_file(path: &Path) -> Result<Token, String> {
     use std::io::Read as _;
     let shown = super::shown(path);
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| file.take(TOKEN_FILE_MAX + 1).read_to_end(&mut bytes))
+    let (read, bytes) = std::sync::mpsc::sync_channel(1);
+    let owned = path.to_owned();
+    std::thread::Builder::new()
+        .name("token-file".into())
+        .spawn(move || {
+            let mut bytes = Vec::new();
+            let file = std::fs::File::open(owned)
+                .and_then(|file| file.take(TOKEN_FILE_MAX + 1).read_to_end(&mut bytes));
+            // The receiver gone (given up), there is no one to tell.
+            let _ = read.send(file.map(|_| bytes));
+        })
+        .map_err(|e| format!("--token-file: {shown} cannot be read: no thread to read it: {e}"))?;
+    let bytes = bytes
+        .recv_timeout(TIMEOUT)
+        .map_err(|_| {
+            format!(
+                "--token-file: {shown} gave no token within {}: nothing was written to it, \
+                 or its writer never closed it (a named pipe no one writes to?)",
+                humantime::format_duration(TIMEOUT)
+            )
+        })?
         .map_err(|e| format!("--token-file: {shown} cannot be read: {e}"))?;
     if bytes.len() as u64 > TOKEN_FILE_MAX {
         return Err(format!(
