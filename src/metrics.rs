@@ -39,7 +39,7 @@
 //! | `rocgate_max_keys` | gauge | `route` | keys a partitioned route tracks at most (`max_keys`; 0 for a route limited as a whole): at it, new keys share one overflow limiter |
 //! | `rocgate_keys_evicted_total` | counter | `route` | keys a partitioned route evicted: idle for `idle_timeout`, or at rest while its table was full |
 //! | `rocgate_key_overflow_total` | counter | `route` | requests of new keys a partitioned route decided on its one shared overflow limiter, its key table full (`rocgate_keys` may read below `max_keys` between sweeps meanwhile) |
-//! | `rocgate_client_key_fallbacks_total` | counter | `route`, `reason` | requests on a route partitioned by `ip` keyed by the address right of the entry their forwarding header's walk ended at (a trusted proxy's, or the peer), as that entry names no address: `empty_entry` (empty, or a `Forwarded` element without `for=`), `malformed_entry`, `hidden_node` (`unknown`, or an obfuscated identifier); every such client shares that key; in `rocgate serve`, each at 0 from the start on routes partitioned by `ip` |
+//! | `rocgate_client_key_fallbacks_total` | counter | `route`, `reason` | requests on a route partitioned by `ip` keyed by the address right of the entry their forwarding header's walk ended at (a trusted proxy's, or the peer), as that entry names no address: `empty_entry` (empty, or a `Forwarded` element without `for=`), `malformed_entry`, `hidden_node` (`unknown`, or an obfuscated identifier); and requests from a trusted proxy without the forwarding header read at all, keyed by the proxy's address: `no_header` (the proxy's own health checks among them); every such client shares that key; in `rocgate serve`, each at 0 from the start on routes partitioned by `ip` |
 //! | `rocgate_upstream_request_duration_seconds` | histogram | `route`, `status_class` | proxy: upstream time to response head (`timeout`: the `response_timeout` waited) |
 //! | `rocgate_upstream_errors_total` | counter | `route`, `kind` | proxy: `connect_timeout`, `response_timeout`, `upstream_error`, `body_aborted` (the upstream failed after a good head, or sent nothing of its body for `response_timeout`: the client got a truncated body), and the request's own: `body_too_large`, `client_aborted`, `client_timeout`, `bad_request`, `transfer_coding_not_implemented`, `forwarding_loop`, and this instance's own cap: `upstream_overflow` (`max_upstream_requests` in flight, answered 503 without forwarding) |
 //! | `rocgate_upstream_lanes` | gauge | | proxy: upstream connections held by client connections of their own (at most `max_upstream_lanes`) |
@@ -350,7 +350,7 @@ pub fn describe() {
     );
     describe_counter!(
         CLIENT_KEY_FALLBACKS,
-        "Requests keyed by a trusted proxy's address (or the peer) as their forwarding header's walk ended at an entry naming no address, by route and reason."
+        "Requests keyed by a trusted proxy's address (or the peer) as their forwarding header's walk ended at an entry naming no address, or a trusted proxy sent none, by route and reason."
     );
     describe_histogram!(
         UPSTREAM_DURATION,

@@ -2838,3 +2838,90 @@ async fn a_walk_ended_by_a_bad_entry_is_counted_and_said_once_a_minute() {
     assert_eq!(count("empty_entry"), Some(4));
     assert_eq!(log.lines_with("empty_entry").len(), 2);
 }
+
+/// A request on a route partitioned by `ip` from a trusted proxy that carries no
+/// forwarding header at all (or, where `Forwarded` is the header read, only
+/// `X-Forwarded-For`) is keyed by the proxy's address, with every such request through
+/// it: a proxy that stopped writing the header put its clients under one key unseen.
+/// Each is counted in `rocgate_client_key_fallbacks_total` with `reason="no_header"`,
+/// and said at WARN at most once a minute per route, naming the header and the key
+/// taken; one with the header, and one from a peer that is no trusted proxy, count
+/// nothing.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_trusted_proxys_request_without_a_forwarding_header_is_counted_and_said() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let app_of = |name: &str, header: ClientIpHeader| {
+        let config = order_per_client(name);
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+        let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock.clone())
+            .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+            .client_ip_header(header)
+            .build();
+        app(l, Arc::new(AtomicU64::new(0)))
+    };
+    let xff = app_of("rq-no-header", ClientIpHeader::XForwardedFor);
+    let fwd = app_of("rq-no-forwarded", ClientIpHeader::Forwarded);
+    let send = |app: &Router, peer: &str, header: Option<(&'static str, &'static str)>| {
+        let mut req = post_order();
+        if let Some((name, value)) = header {
+            req.headers_mut()
+                .insert(name, http::HeaderValue::from_static(value));
+        }
+        req.extensions_mut()
+            .insert(PeerAddr(format!("{peer}:4242").parse().unwrap()));
+        app.clone().oneshot(req)
+    };
+    let count = |route: &str| {
+        let line = format!(
+            "rocgate_client_key_fallbacks_total{{route=\"{route}\",reason=\"no_header\"}} "
+        );
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&line).map(|n| n.parse::<u64>().unwrap()))
+    };
+    let said = "no_header";
+    send(&xff, "10.0.0.1", Some(("x-forwarded-for", "203.0.113.1")))
+        .await
+        .unwrap();
+    send(&xff, "203.0.113.9", None).await.unwrap();
+    assert_eq!(count("rq-no-header"), None, "{}", handle.render());
+    assert_eq!(log.lines_with(said).len(), 0);
+
+    send(&xff, "10.0.0.1", None).await.unwrap();
+    send(&xff, "10.0.0.1", None).await.unwrap();
+    assert_eq!(count("rq-no-header"), Some(2));
+    let lines = log.lines_with(said);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    for part in ["WARN", "rq-no-header", "x-forwarded-for", "key=10.0.0.1"] {
+        assert!(lines[0].contains(part), "{part}: {lines:?}");
+    }
+    assert!(!lines[0].contains("entry="), "{lines:?}");
+
+    // `Forwarded` read: an `X-Forwarded-For` alone is no header of the walk's.
+    send(&fwd, "10.0.0.2", Some(("x-forwarded-for", "203.0.113.1")))
+        .await
+        .unwrap();
+    send(&fwd, "10.0.0.2", Some(("forwarded", "for=203.0.113.1")))
+        .await
+        .unwrap();
+    assert_eq!(count("rq-no-forwarded"), Some(1));
+    let lines = log.lines_with("rq-no-forwarded");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains(r#"header="forwarded""#), "{lines:?}");
+
+    // Within the minute, counted and not said; a minute after the last line, said.
+    clock.advance(Duration::from_secs(59));
+    send(&xff, "10.0.0.1", None).await.unwrap();
+    assert_eq!(count("rq-no-header"), Some(3));
+    assert_eq!(log.lines_with("rq-no-header").len(), 1);
+    clock.advance(Duration::from_secs(1));
+    send(&xff, "10.0.0.1", None).await.unwrap();
+    assert_eq!(count("rq-no-header"), Some(4));
+    assert_eq!(log.lines_with("rq-no-header").len(), 2);
+}

@@ -874,7 +874,8 @@ async fn spoofed_forwarded_for_values_from_one_client_share_one_bucket() {
 /// walk ended at an empty or malformed entry, keying them by the trusted proxy right of
 /// it (here the peer), in `rocgate_client_key_fallbacks_total` by route and reason,
 /// each series at 0 from the first scrape; a good walk counts nothing. Nothing
-/// counted them before.
+/// counted them before. A request from the trusted proxy without the header at all,
+/// keyed by the proxy's address, is counted as `no_header`.
 #[tokio::test]
 async fn serve_counts_clients_keyed_by_a_proxy_for_a_bad_forwarding_entry() {
     let upstream = start_upstream().await;
@@ -886,7 +887,7 @@ async fn serve_counts_clients_keyed_by_a_proxy_for_a_bad_forwarding_entry() {
     let counts = || async {
         let metrics = send(proxy.admin, empty(admin_get("/metrics"))).await;
         let text = String::from_utf8_lossy(&metrics.body).into_owned();
-        ["empty_entry", "malformed_entry", "hidden_node"].map(|reason| {
+        ["empty_entry", "malformed_entry", "hidden_node", "no_header"].map(|reason| {
             let series = format!(
                 "rocgate_client_key_fallbacks_total{{route=\"per-ip-fallback\",reason=\"{reason}\"}} "
             );
@@ -896,7 +897,7 @@ async fn serve_counts_clients_keyed_by_a_proxy_for_a_bad_forwarding_entry() {
                 .to_owned()
         })
     };
-    assert_eq!(counts().await, ["0", "0", "0"]);
+    assert_eq!(counts().await, ["0", "0", "0", "0"]);
     for xff in [
         "203.0.113.7",
         "203.0.113.7, ",
@@ -906,7 +907,10 @@ async fn serve_counts_clients_keyed_by_a_proxy_for_a_bad_forwarding_entry() {
         let req = empty(get("/per-ip-fallback").header("x-forwarded-for", xff));
         assert_eq!(send(proxy.addr, req).await.status, StatusCode::OK, "{xff}");
     }
-    assert_eq!(counts().await, ["1", "1", "0"]);
+    assert_eq!(counts().await, ["1", "1", "0", "0"]);
+    let req = empty(get("/per-ip-fallback"));
+    assert_eq!(send(proxy.addr, req).await.status, StatusCode::OK);
+    assert_eq!(counts().await, ["1", "1", "0", "1"]);
 }
 
 /// `serve` keys a `header:authorization` partition by the credential however its

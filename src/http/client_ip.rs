@@ -130,7 +130,10 @@ impl ClientIpResolver {
     /// [`resolve`](Self::resolve), and, where the walk ended at an entry that names no
     /// address (so that the client is the entry right of it, a trusted proxy's, or the
     /// peer), that entry: every client whose entry the walk ends at shares that key.
-    /// `None` for a walk that ended at the client or ran out of entries.
+    /// A trusted peer's request without the header read at all is keyed by the peer,
+    /// and ends at no entry of it ([`Fallback::NoHeader`], an empty entry): every
+    /// request through that proxy shares its key. `None` for a walk that ended at the
+    /// client or ran out of entries, and for a peer that is no trusted proxy.
     pub fn walk<'h>(
         &self,
         peer: Option<IpAddr>,
@@ -143,6 +146,7 @@ impl ClientIpResolver {
             return (Some(peer), None);
         }
         let mut client = peer;
+        let mut taken_any = false;
         // Split as bytes: a value may hold bytes beyond ASCII, which make only the
         // entry holding them malformed. Each entry as received, and its node.
         let xff = (self.header == ClientIpHeader::XForwardedFor)
@@ -162,6 +166,7 @@ impl ClientIpResolver {
             })
             .map(|element| (element.trim_ascii(), forwarded_for(element)));
         for (taken, (entry, node)) in (1..).zip(entries.chain(elements)) {
+            taken_any = true;
             let ip = node
                 .and_then(|node| std::str::from_utf8(node).ok())
                 .and_then(node_address);
@@ -186,7 +191,11 @@ impl ClientIpResolver {
                 }
             }
         }
-        (Some(client), None)
+        let ended = (!taken_any).then_some(EndedAt {
+            reason: Fallback::NoHeader,
+            entry: b"",
+        });
+        (Some(client), ended)
     }
 }
 
@@ -204,22 +213,29 @@ pub enum Fallback {
     /// The entry is `unknown` or an obfuscated identifier (`_hidden`), which RFC 7239
     /// lets a proxy write in place of the address it hides.
     HiddenNode,
+    /// The request came from a trusted proxy without the header read at all (no
+    /// `X-Forwarded-For`, or, with `Forwarded` read, no `Forwarded`): keyed by that
+    /// proxy's address. A proxy's own requests (its health checks) are such requests.
+    NoHeader,
 }
 
 impl Fallback {
     /// Every reason, in the order of their labels.
-    pub const ALL: [Fallback; 3] = [
+    pub const ALL: [Fallback; 4] = [
         Fallback::EmptyEntry,
         Fallback::MalformedEntry,
         Fallback::HiddenNode,
+        Fallback::NoHeader,
     ];
 
-    /// The reason's label: `empty_entry`, `malformed_entry`, `hidden_node`.
+    /// The reason's label: `empty_entry`, `malformed_entry`, `hidden_node`,
+    /// `no_header`.
     pub fn as_str(self) -> &'static str {
         match self {
             Fallback::EmptyEntry => "empty_entry",
             Fallback::MalformedEntry => "malformed_entry",
             Fallback::HiddenNode => "hidden_node",
+            Fallback::NoHeader => "no_header",
         }
     }
 
@@ -242,7 +258,7 @@ pub struct EndedAt<'h> {
     /// Why it names no address.
     pub reason: Fallback,
     /// The entry as received, without the whitespace around it: an `X-Forwarded-For`
-    /// entry, or a whole `Forwarded` element.
+    /// entry, or a whole `Forwarded` element (empty for [`Fallback::NoHeader`]).
     pub entry: &'h [u8],
 }
 
@@ -705,7 +721,7 @@ mod tests {
     }
 
     /// The walk says which entry it ended at, as received, and why: empty, malformed,
-    /// or a node RFC 7239 lets a proxy hide; not where it ended at the client, ran out
+    /// a node RFC 7239 lets a proxy hide, or no header from a trusted peer; not where it ended at the client, ran out
     /// of entries (fewer than the trusted hops: the left-most is a proxy's word for its
     /// client), or met a bad entry only left of the client.
     #[test]
@@ -729,13 +745,18 @@ mod tests {
             let h = headers(&[good]);
             assert_eq!(ended(&r, &h).1, None, "{good}");
         }
-        // A trusted peer's header sent empty names no one; none sent is no entry.
+        // A trusted peer's header sent empty names no one; none sent is no header, and
+        // so is an `X-Forwarded-For` where `Forwarded` is read.
         let h = headers(&[""]);
         assert_eq!(
             ended(&r, &h),
             (peer, Some((Fallback::EmptyEntry, Vec::new())))
         );
-        assert_eq!(ended(&r, &HeaderMap::new()), (peer, None));
+        let none = Some((Fallback::NoHeader, Vec::new()));
+        assert_eq!(ended(&r, &HeaderMap::new()), (peer, none.clone()));
+        let forwarded_read = r.clone().with_header(ClientIpHeader::Forwarded);
+        let h = headers(&["203.0.113.7"]);
+        assert_eq!(ended(&forwarded_read, &h), (peer, none));
         let three = ClientIpResolver::default().with_trusted_hops(3);
         let h = headers(&["203.0.113.7, 198.51.100.1"]);
         assert_eq!(ended(&three, &h), (Some(ip("203.0.113.7")), None));
@@ -748,8 +769,9 @@ mod tests {
         assert_eq!(ended(&fwd, &h), (peer, hidden));
         let h = forwarded(&[r#"for="[203.0.113.7]""#]);
         assert_eq!(ended(&fwd, &h).1.unwrap().0, Fallback::MalformedEntry);
-        // From an untrusted peer nothing is walked.
+        // From an untrusted peer nothing is walked, a header or none.
         assert_eq!(r.walk(Some(ip("1.2.3.4")), &headers(&[", x"])).1, None);
+        assert_eq!(r.walk(Some(ip("1.2.3.4")), &HeaderMap::new()).1, None);
     }
 
     /// With trusted hops the client is the hops-th entry from the right, whatever

@@ -145,7 +145,7 @@ pub(crate) struct Gate {
 }
 
 /// When each route last said, at WARN, that a walk through the forwarding header ended
-/// at an entry naming no address, by reason: said at most once a minute per route and
+/// at an entry naming no address, or that a trusted proxy sent none, by reason: said at most once a minute per route and
 /// reason, counted every time (`rocgate_client_key_fallbacks_total`).
 #[derive(Default)]
 struct FallbackLog(Mutex<HashMap<(Arc<str>, Fallback), Nanos>>);
@@ -156,7 +156,8 @@ impl FallbackLog {
     /// The most bytes of the entry a line shows.
     const ENTRY_SHOWN: usize = 64;
 
-    /// A request on `route` keyed by `client` as the walk ended at `ended`, at `now`.
+    /// A request on `route` keyed by `client` as the walk ended at `ended` (or found
+    /// no header, [`Fallback::NoHeader`]), at `now`.
     #[cold]
     #[inline(never)]
     fn note(
@@ -188,6 +189,16 @@ impl FallbackLog {
                 return;
             }
             said.insert(key, now);
+        }
+        if ended.reason == Fallback::NoHeader {
+            tracing::warn!(
+                route = &*label,
+                header = header.as_str(),
+                reason,
+                key = %client,
+                "a request from a trusted proxy carried no forwarding header: it is keyed by that proxy's address, as is every such request through it (the proxy's own health checks among them), and that key's limit is theirs together (counted in rocgate_client_key_fallbacks_total; said at most once a minute per route and reason)"
+            );
+            return;
         }
         let shown = &ended.entry[..ended.entry.len().min(Self::ENTRY_SHOWN)];
         let cut = if shown.len() < ended.entry.len() {
