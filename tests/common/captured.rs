@@ -1,7 +1,7 @@
 //! What a [`tracing`] subscriber writes, kept for a test to read (for the tests of
 //! what rocgate logs).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// What a [`tracing`] subscriber writes, kept for the test to read.
 #[derive(Clone, Default)]
@@ -23,6 +23,14 @@ impl Captured {
     /// Captures what is logged (at `INFO` and above) on this thread until the guard
     /// is dropped: on a current-thread runtime, what its tasks log too.
     pub(crate) fn on_this_thread() -> (Captured, tracing::subscriber::DefaultGuard) {
+        // tracing-core, with a single dispatcher registered, takes a callsite's interest
+        // from the default of the thread that first reaches it: reached first by a test
+        // on another thread, with no subscriber, it was "never" for every thread, this
+        // one's lines missed while both ran. With one more registered for good, it is
+        // taken from all of them, and asked of this thread's at each event.
+        static ANOTHER: OnceLock<tracing::Dispatch> = OnceLock::new();
+        ANOTHER
+            .get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let log = Captured::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()
