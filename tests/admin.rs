@@ -923,7 +923,7 @@ async fn without_a_token_a_web_page_cannot_change_limits() {
         assert_eq!(status, 403, "{method} {path}: {answer}");
         assert_eq!(
             answer["errors"][0],
-            "a change from a web page (Origin: http://evil.example) is refused without [admin] token",
+            "a change from a web page (Origin: \"http://evil.example\") is refused without [admin] token",
             "{method} {path}"
         );
     }
@@ -2515,6 +2515,45 @@ async fn a_refused_change_is_logged_without_any_token() {
         "{}",
         refused[0]
     );
+}
+
+/// A refusal quotes what the request sent (its `Origin`, the path asked for) by its
+/// first 64 characters and its length, in the answer and in the `WARN` line, as the
+/// `Host` refused is quoted: a client that sent a 100 KB `Origin` or a 60 KB route
+/// name had it written whole into a line a second (8 GB of log a day from one loop),
+/// and the `Origin` into the answer.
+#[tokio::test]
+async fn a_refusal_quotes_what_the_request_sent_bounded() {
+    let origin = format!("http://{}", "o".repeat(100_000));
+    let route = format!("/admin/routes/{}", "r".repeat(60_000));
+    let (log, _guard) = Captured::on_this_thread();
+    let p = start(None).await;
+    let reload = "/admin/reload";
+    let (status, answer) =
+        call_with(p.admin, "POST", reload, Vec::new(), &[("origin", &origin)]).await;
+    assert_eq!(status, 403);
+    let why = answer["errors"][0].as_str().unwrap();
+    let quoted = format!("(Origin: {:?}… (100007 bytes))", &origin[..64]);
+    assert!(why.contains(&quoted), "{}…", &why[..why.len().min(300)]);
+    let foreign = [("host", "evil.example")];
+    let (status, _) = call_with(p.admin, "GET", &route, Vec::new(), &foreign).await;
+    assert_eq!(status, 403);
+    p.stop().await;
+    let p = start(Some("s3cret")).await;
+    let put = br#"{"base_limit": 150}"#.to_vec();
+    let (status, _) = call_with(p.admin, "PUT", &route, put, &[]).await;
+    assert_eq!(status, 401);
+    p.stop().await;
+    let refused = log.lines_with("refused: ");
+    let starts: Vec<_> = refused.iter().map(|l| &l[..l.len().min(200)]).collect();
+    assert_eq!(refused.len(), 3, "{starts:#?}");
+    for line in &refused {
+        assert!(line.len() < 1000, "{}…", &line[..300]);
+    }
+    assert!(refused[0].contains(&quoted), "{}", refused[0]);
+    let path = format!("path={:?}… (60014 bytes)", &route[..64]);
+    assert!(refused[1].contains(&path), "{}", refused[1]);
+    assert!(refused[2].contains(&path), "{}", refused[2]);
 }
 
 /// A change's body is read as JSON whatever its `Content-Type` says, as README says:

@@ -366,7 +366,8 @@ async fn refuse_the_proxys_own(
 ///
 /// 403 rather than 421 (Misdirected Request), which says that another connection may
 /// be answered and invites a retry there: this server answers no connection for that
-/// name. A refusal is logged at `WARN`, as a refused change is, at most one line every
+/// name. A refusal is logged at `WARN`, as a refused change is (the `Host` and the path
+/// quoted by their first 64 characters and their length), at most one line every
 /// [`REFUSALS_LOGGED_EVERY`] ([`RefusalLog`], its own: a page reading in a loop does not
 /// hide the refused changes).
 async fn refuse_a_foreign_host(
@@ -421,7 +422,7 @@ async fn refuse_a_foreign_host(
     if let Some(refused) = logged {
         tracing::warn!(
             %peer,
-            path = request.uri().path(),
+            path = ?crate::config::quoted(request.uri().path()),
             status = StatusCode::FORBIDDEN.as_u16(),
             refused,
             "admin request refused: {why} (refused counts the requests refused for their Host since the last such line, at most one every {}s)",
@@ -520,6 +521,9 @@ struct Peer(IpAddr);
 /// status and why, never a token: who was turned away (a script with an old token,
 /// someone trying tokens) is read in the log. At most one line every
 /// [`REFUSALS_LOGGED_EVERY`] ([`RefusalLog`]), counting those refused since the last.
+/// What the request sent, its path and its `Origin`, is quoted by its first 64
+/// characters and its length ([`crate::config::quoted`]): a client would otherwise
+/// write up to 64 KB of path, or 400 KB of `Origin`, into a line a second.
 fn unauthorized(
     state: &AdminState,
     headers: &HeaderMap,
@@ -537,7 +541,7 @@ fn unauthorized(
         let (status, why) = (refusal.status.as_u16(), &refusal.why);
         tracing::warn!(
             %peer,
-            path,
+            path = ?crate::config::quoted(path),
             status,
             refused,
             "admin change refused: {why} (refused counts the changes refused since the last such line, at most one every {}s)",
@@ -623,8 +627,8 @@ fn why_refused(
         return refusal(
             StatusCode::FORBIDDEN,
             format!(
-                "a change from a web page (Origin: {}) is refused without [admin] token",
-                String::from_utf8_lossy(origin.as_bytes())
+                "a change from a web page (Origin: {:?}) is refused without [admin] token",
+                crate::config::quoted(&String::from_utf8_lossy(origin.as_bytes()))
             ),
             None,
         );
