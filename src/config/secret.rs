@@ -3,7 +3,7 @@
 //!
 //! The comparison and the wiping are well-kept crates', not hand-written: a digest of
 //! each side compared with `subtle`'s `ct_eq` (which the optimiser cannot turn into an
-//! early exit), and the text held in `zeroize`'s `Zeroizing`.
+//! early exit), and the text and its digest held in `zeroize`'s `Zeroizing`.
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -12,7 +12,7 @@ use zeroize::Zeroizing;
 /// A secret (`[admin] token`): its `Debug` shows `***`, so that a config or the
 /// settings holding it can be logged (`tracing::debug!(?config)`) without it, and it
 /// has no `Display`. [`expose`](Self::expose) gives its text to the one that sends or
-/// checks it. Its text is overwritten with zeros when it is dropped.
+/// checks it. Its text and its digest are overwritten with zeros when it is dropped.
 ///
 /// ```
 /// use rocgate::config::Secret;
@@ -24,29 +24,36 @@ use zeroize::Zeroizing;
 /// assert_eq!(token.expose(), "s3cr3t");
 /// ```
 #[derive(Clone)]
-pub struct Secret(Zeroizing<String>);
+pub struct Secret {
+    text: Zeroizing<String>,
+    /// The SHA-256 digest of `text`, taken once: [`matches`](Self::matches) hashes
+    /// only what it is given.
+    digest: Zeroizing<[u8; 32]>,
+}
 
 impl Secret {
     /// The secret `text`.
     pub fn new(text: impl Into<String>) -> Self {
-        Secret(Zeroizing::new(text.into()))
+        let text = Zeroizing::new(text.into());
+        let digest = Zeroizing::new(Sha256::digest(text.as_bytes()).into());
+        Secret { text, digest }
     }
 
     /// The secret's text.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.text
     }
 
-    /// Whether `given` is the secret, byte for byte. The SHA-256 digests of the two are
-    /// compared in constant time, so that the time taken says nothing about the secret,
-    /// not even its length (hashing `given` takes a time that depends on its own length
-    /// only). An empty secret matches nothing.
+    /// Whether `given` is the secret, byte for byte. The SHA-256 digest of `given` is
+    /// compared in constant time with the secret's, taken when the secret was made, so
+    /// that the time taken says nothing about the secret, not even its length (hashing
+    /// `given` takes a time that depends on its own length only). An empty secret
+    /// matches nothing.
     pub fn matches(&self, given: &[u8]) -> bool {
-        if self.0.is_empty() {
+        if self.text.is_empty() {
             return false;
         }
-        let secret = Sha256::digest(self.0.as_bytes());
-        Sha256::digest(given).ct_eq(&secret).into()
+        Sha256::digest(given).ct_eq(&self.digest[..]).into()
     }
 }
 
@@ -56,11 +63,11 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Two secrets are equal when their texts are, compared as [`Secret::matches`]
-/// compares (two empty ones are equal too).
+/// Two secrets are equal when their texts are: their digests are compared in constant
+/// time, as [`Secret::matches`] compares (two empty ones are equal too).
 impl PartialEq for Secret {
     fn eq(&self, other: &Self) -> bool {
-        self.matches(other.0.as_bytes()) || (self.0.is_empty() && other.0.is_empty())
+        self.digest[..].ct_eq(&other.digest[..]).into()
     }
 }
 
