@@ -603,29 +603,53 @@ fn serve_an_ended_event(rust_log: Option<&std::ffi::OsStr>) -> (Option<i32>, Str
 /// loopback, written as an IPv4-mapped IPv6 address too, is not (it was). (helper-148)
 #[test]
 fn an_admin_api_beyond_loopback_without_a_token_is_warned_of() {
-    let warned = |admin: &str| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rocgate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin", admin])
-            .args(["--upstream", "http://127.0.0.1:1"])
-            .env_remove("ROCGATE__ADMIN__TOKEN")
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let (_, log) = logged_listen(child.stderr.take().unwrap());
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        assert!(child.wait().unwrap().success());
-        log.iter()
-            .any(|line| line.contains("beyond loopback without a token"))
-    };
+    let warned =
+        |admin: &str| serve_warned(admin, None).contains("beyond loopback without a token");
     assert!(warned("0.0.0.0:0"));
     assert!(!warned("[::ffff:127.0.0.1]:0"));
     assert!(!warned("127.0.0.1:0"));
+}
+
+/// With a token shorter than 16 bytes, an admin API beyond loopback is warned of at
+/// start, naming the token's length and never the token: the API does not slow down
+/// guesses, and anyone who reaches it may try them as fast as it answers. A longer
+/// token, or an API on loopback, is not warned of.
+#[test]
+fn an_admin_api_beyond_loopback_with_a_short_token_is_warned_of() {
+    let short = "beyond loopback with a token of 6 bytes";
+    let log = serve_warned("0.0.0.0:0", Some("s3cr3t"));
+    let line = log.lines().find(|l| l.contains(short));
+    let line = line.unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(" WARN "), "{line}");
+    assert!(!log.contains("s3cr3t"), "{log}");
+    assert!(!serve_warned("127.0.0.1:0", Some("s3cr3t")).contains("a token of"));
+    let long = "0123456789abcdef";
+    assert!(!serve_warned("0.0.0.0:0", Some(long)).contains("a token of"));
+}
+
+/// What `serve` logs at start with its admin API on `admin`, with `token` as
+/// `[admin] token` (from the environment) or none, stopped once it listens.
+fn serve_warned(admin: &str, token: Option<&str>) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", admin])
+        .args(["--upstream", "http://127.0.0.1:1"])
+        .env_remove("ROCGATE__ADMIN__TOKEN")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    if let Some(token) = token {
+        command.env("ROCGATE__ADMIN__TOKEN", token);
+    }
+    let mut child = command.spawn().unwrap();
+    let (_, log) = logged_listen(child.stderr.take().unwrap());
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(child.wait().unwrap().success());
+    log.iter().collect::<Vec<_>>().join("\n")
 }
 
 /// A scheduled event that has ended is logged as a warning when `serve` starts (it is

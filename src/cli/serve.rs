@@ -7,6 +7,10 @@ use rocgate::proxy::{HeldByFlags, Proxy, ProxySettings, Reloader};
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// The shortest `[admin] token` not warned of at start when the admin API listens
+/// beyond loopback: anyone who reaches it may try tokens, and none is slowed down.
+const SHORT_TOKEN_BYTES: usize = 16;
+
 /// The proxy settings: the file's, then the command line's overrides.
 fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
     // The flag is held to the file's rules (a port past 65535 or 0 was taken, and
@@ -201,11 +205,20 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             ),
             "rocgate serving"
         );
-        if !settings.admin_listen.ip().to_canonical().is_loopback() && settings.admin_token.is_none() {
-            tracing::warn!(
+        let beyond_loopback = !settings.admin_listen.ip().to_canonical().is_loopback();
+        match &settings.admin_token {
+            None if beyond_loopback => tracing::warn!(
                 admin = %settings.admin_listen,
                 "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
-            );
+            ),
+            Some(token) if beyond_loopback && token.expose().len() < SHORT_TOKEN_BYTES => {
+                tracing::warn!(
+                    admin = %settings.admin_listen,
+                    "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens as fast as it answers, none slowed down; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
+                    token.expose().len()
+                );
+            }
+            _ => {}
         }
         serve_until_signalled(proxy, signals).await
     });
