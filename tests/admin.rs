@@ -1026,7 +1026,8 @@ async fn a_page_through_a_rebound_name_reads_nothing_from_loopback() {
 /// is, as the proxy's does, on every endpoint, the health checks among them (a kubelet
 /// probe, Envoy's and Prometheus's send `Host`), with the token or without, before
 /// the `Host` is held to this host's names; a target in absolute form does not stand
-/// in for the `Host` an HTTP/1.1 request lacks. HTTP/1.0 needs no `Host`.
+/// in for the `Host` an HTTP/1.1 request lacks. HTTP/1.0 needs no `Host`. A `Host`,
+/// or a target's host, holding a comma (two hosts) gets 400 too.
 #[tokio::test]
 async fn a_request_without_one_valid_host_gets_400() {
     let p = start(Some("s3cret")).await;
@@ -1035,6 +1036,8 @@ async fn a_request_without_one_valid_host_gets_400() {
     let invalid = "a Host field that is no host[:port] (RFC 9112 §3.2)";
     let merged =
         "a Host field holding a comma, as two Host fields merged: a request names one host (RFC 9112 §3.2)";
+    let target_merged =
+        "a target whose host holds a comma, as two hosts: a request names one host (RFC 9112 §3.2)";
     for path in ["/admin/routes", "/healthz", "/readyz", "/metrics"] {
         for (head, why) in [
             (format!("GET {path} HTTP/1.1\r\n"), none),
@@ -1075,6 +1078,10 @@ async fn a_request_without_one_valid_host_gets_400() {
             (
                 format!("GET http://127.0.0.1{path} HTTP/1.1\r\nHost: localhost,127.0.0.1\r\n"),
                 merged,
+            ),
+            (
+                format!("GET http://127.0.0.1,evil.example{path} HTTP/1.1\r\nHost: localhost\r\n"),
+                target_merged,
             ),
         ] {
             let raw = raw_admin(

@@ -2861,6 +2861,54 @@ async fn a_host_holding_a_comma_gets_400_and_is_not_forwarded() {
     assert_eq!(upstream.all_paths(), Vec::<String>::new());
 }
 
+/// A target whose host holds a comma gets 400 too, and is not forwarded: in absolute
+/// form (`GET http://a.example,b.example/`) and in HTTP/2's `:authority`, the target's
+/// host is the one sent up as `Host` (RFC 9112 §3.2.2), so the upstream read the comma
+/// the `Host` rule refuses, while a proxy in front that routes by `Host` saw another
+/// host. Forwarded before, its `Host` `a.example,b.example`.
+#[tokio::test]
+async fn a_target_whose_host_holds_a_comma_gets_400_and_is_not_forwarded() {
+    let (upstream, proxy) = forwarding_proxy().await;
+    let why =
+        "a target whose host holds a comma, as two hosts: a request names one host (RFC 9112 §3.2)";
+    for (n, head) in [
+        "GET http://a.example,b.example/comma-0 HTTP/1.1\r\nHost: a.example",
+        "GET http://user,x@a.example,b.example:80/comma-1 HTTP/1.1\r\nHost: a.example",
+        "GET http://a.example,b.example/comma-2 HTTP/1.0",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let raw = raw_exchange(
+            proxy.addr,
+            format!("{head}\r\nConnection: close\r\n\r\n").as_bytes(),
+            IO_TIMEOUT,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&raw);
+        assert!(text.contains(" 400 "), "{n}: {text}");
+        let body = format!(r#"{{"error":"bad_request","detail":"{why}"}}"#);
+        assert!(text.ends_with(&body), "{n}: {text}");
+    }
+    let mut sender = h2c_connect(proxy.addr).await;
+    let req = Request::get("http://a.example,b.example/comma-h2")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let res = within("h2 response", sender.send_request(req))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    // A comma in a target's userinfo is no part of its host: forwarded.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"GET http://user,x@a.example/comma-userinfo HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+        IO_TIMEOUT,
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&raw).contains(" 200 "));
+    assert_eq!(upstream.all_paths(), ["/comma-userinfo"]);
+}
+
 /// A `Host` that is no `host[:port]` (RFC 9110 §7.2) gets 400 (RFC 9112 §3.2: a server
 /// MUST; stricter than nginx, which refuses whitespace and a path but takes a `@` and
 /// bytes beyond ASCII, and than Envoy, which takes a userinfo in HTTP/1), and is not

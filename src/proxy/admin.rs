@@ -23,7 +23,7 @@
 //! re-bound to 127.0.0.1 (DNS rebinding) reads nothing but that rocgate is up
 //! ([`refuse_a_foreign_host`]). Before that, every endpoint answers 400 to an HTTP/1.1
 //! request without `Host`, and to one with two `Host`s (or one holding a comma, two
-//! merged) or a `Host` that is no `host[:port]`, as the proxy does (RFC 9112 §3.2, [`refuse_a_host_field_amiss`]).
+//! merged, or a target whose host holds one) or a `Host` that is no `host[:port]`, as the proxy does (RFC 9112 §3.2, [`refuse_a_host_field_amiss`]).
 //!
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
@@ -304,7 +304,7 @@ pub(crate) fn router(state: AdminState) -> Router {
 }
 
 /// Refuses with 400 an HTTP/1.1 request without `Host`, and one with two `Host`s (or
-/// one holding a comma, two merged) or a `Host` that is no `host[:port]` (RFC 9112 §3.2: a server MUST), as the proxy does
+/// one holding a comma, two merged, or a target whose host holds one) or a `Host` that is no `host[:port]` (RFC 9112 §3.2: a server MUST), as the proxy does
 /// ([`super::forward::host_refusal`]), before anything else is looked at: on every
 /// endpoint, the health checks among them (a kubelet's probe, Envoy's and
 /// Prometheus's send `Host`; HTTP/1.0, which needs none, is answered without), with

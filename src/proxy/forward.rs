@@ -428,7 +428,10 @@ pub(crate) fn host_refusal(
 /// 1123), and the one that keeps the first host and the one that reads the line see
 /// two. Jetty refuses it (400 "Bad Host"); nginx and Envoy check a `Host`'s characters
 /// only and pass it on. Like two fields, it is refused in HTTP/1.0 and beside a target
-/// in absolute form. So is an HTTP/1.1 request
+/// in absolute form. So is a target whose host (past any userinfo) holds one, in
+/// absolute form or HTTP/2's `:authority`: that host is the one sent up as `Host`
+/// (RFC 9112 §3.2.2), so the upstream would read the comma refused in `Host`. So is
+/// an HTTP/1.1 request
 /// that names no host in `Host`, whatever its target: forwarded, it went up with the
 /// upstream's own `Host`, for a host the client never named, and a target in absolute
 /// form replaces the `Host` it must carry, not its absence (RFC 9112 §3.2.2). HTTP/1.0
@@ -451,7 +454,16 @@ fn host_problem(version: http::Version, uri: &Uri, scan: &HeadScan<'_>) -> Optio
         }
         _ => {}
     }
-    (uri.authority().is_none() && scan.host.is_some_and(|h| !names_a_host(h.as_bytes())))
+    let target_host = uri.authority().map(|a| {
+        let a = a.as_str();
+        a.rsplit_once('@').map_or(a, |(_, host)| host)
+    });
+    if target_host.is_some_and(|h| h.contains(',')) {
+        return Some(
+            "a target whose host holds a comma, as two hosts: a request names one host (RFC 9112 §3.2)",
+        );
+    }
+    (target_host.is_none() && scan.host.is_some_and(|h| !names_a_host(h.as_bytes())))
         .then_some("a Host field that is no host[:port] (RFC 9112 §3.2)")
 }
 
