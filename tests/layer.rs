@@ -2925,3 +2925,58 @@ async fn a_trusted_proxys_request_without_a_forwarding_header_is_counted_and_sai
     assert_eq!(count("rq-no-header"), Some(4));
     assert_eq!(log.lines_with("rq-no-header").len(), 2);
 }
+
+/// The layer finds a route's fallback series by the route's place in the engine's
+/// table: a reload that moves the route (a route put before it) takes its new engine
+/// in at its first fallback, and the route keeps, by name, its series and when it last
+/// said one: counted on, and not said again within the minute.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_routes_fallbacks_go_on_through_a_reload_that_moves_it() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let config = order_per_client("rq-moved");
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let shared =
+        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone())
+        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let send = || {
+        let mut req = post_order();
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        app.clone().oneshot(req)
+    };
+    let count = || {
+        let line = "rocgate_client_key_fallbacks_total{route=\"rq-moved\",reason=\"no_header\"} ";
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(line).map(|n| n.parse::<u64>().unwrap()))
+    };
+    send().await.unwrap();
+    assert_eq!(count(), Some(1));
+    assert_eq!(log.lines_with("rq-moved").len(), 1);
+
+    let mut moved = config.clone();
+    let first = route("first", RouteMatch::prefix("/first"), 1.0);
+    moved.routes.insert(0, first);
+    let reloaded = shared
+        .load()
+        .reload(&moved, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap();
+    assert_eq!(reloaded.route_id("rq-moved").map(|r| r.index()), Some(1));
+    shared.replace(reloaded);
+    clock.advance(Duration::from_secs(59));
+    send().await.unwrap();
+    assert_eq!(count(), Some(2));
+    assert_eq!(log.lines_with("rq-moved").len(), 1);
+    clock.advance(Duration::from_secs(1));
+    send().await.unwrap();
+    assert_eq!(count(), Some(3));
+    assert_eq!(log.lines_with("rq-moved").len(), 2);
+}

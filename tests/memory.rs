@@ -604,6 +604,117 @@ fn an_admitted_request_through_the_layer_allocates_nothing_of_its_own() {
     }
 }
 
+/// A request a trusted proxy's address keys, as its forwarding header's walk ended at
+/// an entry naming no address or the proxy sent none (`no_header`: with a trusted
+/// cluster network, every request of a client inside it that calls rocgate directly),
+/// allocates nothing of its own once its route has fallen back for that reason once,
+/// with a recorder in use: it is counted in `rocgate_client_key_fallbacks_total` on a
+/// handle made at that first one. Each such request allocated the route's label, and
+/// the series' key, to look the counter up in the recorder's registry. After a reload,
+/// the new engine's first fallback takes it in (the route moved in its table), and the
+/// counts go on in the same series.
+#[cfg(feature = "proxy")]
+#[test]
+fn a_request_keyed_by_a_fallback_allocates_nothing_of_its_own() {
+    use rocgate::clock::{Clock, ManualClock};
+    use rocgate::http::{AdmissionLayer, PeerAddr, SharedEngine};
+    use std::future::Future as _;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    use tower::{Layer as _, Service as _};
+
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let mut per_ip = RouteConfig::new("per_ip", RouteMatch::prefix("/ip"));
+    per_ip.partition = Partition::ClientIp(limits(100));
+    per_ip.controller.base_limit_rps = 1e6;
+    per_ip.controller.cut_limit_rps = 1e6;
+    let config = Config::new(vec![per_ip]);
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let shared =
+        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let layer = AdmissionLayer::with_engine(shared.clone(), clock.clone())
+        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+        .build();
+    let inner = tower::service_fn(|_: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(bytes::Bytes::new()))
+    });
+    let mut layered = layer.layer(inner);
+    let mut bare = inner;
+    let request = |xff: Option<&str>| {
+        let mut req = http::Request::get("/ip/a");
+        if let Some(xff) = xff {
+            req = req.header("x-forwarded-for", xff);
+        }
+        let mut req = req.body(()).unwrap();
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        req
+    };
+    let mut cx = Context::from_waker(Waker::noop());
+    let allocations = |service: &mut dyn FnMut(http::Request<()>) -> Poll<u16>, xff| {
+        let req = request(xff);
+        measure(|| assert_eq!(service(req), Poll::Ready(200), "{xff:?}")).count_total
+    };
+    let mut layered_call = |req| {
+        let mut f = std::pin::pin!(layered.call(req));
+        f.as_mut()
+            .poll(&mut cx)
+            .map(|r| r.unwrap().status().as_u16())
+    };
+    let mut bare_call = |req| {
+        let mut f = std::pin::pin!(bare.call(req));
+        f.as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .map(|r| r.unwrap().status().as_u16())
+    };
+    let cases = [
+        (None, "no_header"),
+        (Some("203.0.113.7, "), "empty_entry"),
+        (Some("junk"), "malformed_entry"),
+        (Some("unknown"), "hidden_node"),
+    ];
+    let count = |reason: &str| {
+        let series =
+            format!("rocgate_client_key_fallbacks_total{{route=\"per_ip\",reason=\"{reason}\"}} ");
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&series).map(|n| n.parse::<u64>().unwrap()))
+    };
+    for (xff, _) in cases {
+        // The first registers the series, says it, and makes the client's key.
+        allocations(&mut layered_call, xff);
+        let with_layer = allocations(&mut layered_call, xff);
+        let without = allocations(&mut bare_call, xff);
+        assert_eq!(with_layer, without, "{xff:?}");
+    }
+    for (_, reason) in cases {
+        assert_eq!(count(reason), Some(2), "{reason}");
+    }
+    // A route put before it moves it in the table: its entry is made again.
+    let mut moved = config.clone();
+    moved
+        .routes
+        .insert(0, RouteConfig::new("first", RouteMatch::prefix("/first")));
+    let reloaded = shared
+        .load()
+        .reload(&moved, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap();
+    assert_eq!(reloaded.route_id("per_ip").map(|r| r.index()), Some(1));
+    shared.replace(reloaded);
+    for (xff, _) in cases {
+        allocations(&mut layered_call, xff);
+        let with_layer = allocations(&mut layered_call, xff);
+        let without = allocations(&mut bare_call, xff);
+        assert_eq!(with_layer, without, "after the reload: {xff:?}");
+    }
+    for (_, reason) in cases {
+        assert_eq!(count(reason), Some(4), "{reason}");
+    }
+}
+
 /// A [`spike`] on `e`'s first route with `key`: it cuts, and allocates nothing.
 #[track_caller]
 fn spike_allocates_nothing(e: &Engine, key: Key<'_>) {

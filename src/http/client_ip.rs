@@ -239,6 +239,11 @@ impl Fallback {
         }
     }
 
+    /// The reason's place in [`Fallback::ALL`].
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
     /// The reason a node (`None`: a `Forwarded` element without `for=`) that is no
     /// address is one.
     fn of(node: Option<&[u8]>) -> Fallback {

@@ -13,8 +13,8 @@ use http::{HeaderValue, Request};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How a request is mapped to a route.
@@ -145,10 +145,92 @@ pub(crate) struct Gate {
 }
 
 /// When each route last said, at WARN, that a walk through the forwarding header ended
-/// at an entry naming no address, or that a trusted proxy sent none, by reason: said at most once a minute per route and
-/// reason, counted every time (`rocgate_client_key_fallbacks_total`).
-#[derive(Default)]
-struct FallbackLog(Mutex<HashMap<(Arc<str>, Fallback), Nanos>>);
+/// at an entry naming no address, or that a trusted proxy sent none, by reason: said
+/// at most once a minute per route and reason, counted every time
+/// (`rocgate_client_key_fallbacks_total`). Held per route of the engine last seen, in
+/// its route order: a fallback (with `no_header`, every request of a trusted network's
+/// clients that call rocgate directly) finds its route's series by its index, counts
+/// on a handle registered once, at the route's first fallback of that reason (with the
+/// recorder in use then), and reads and sets when it was last said with an atomic: no
+/// allocation, no lookup in the recorder's registry, no lock. A reload's new engine is
+/// taken in at its first fallback, each route keeping, by name, its handles and when it
+/// last said.
+struct FallbackLog(ArcSwap<FallbackTable>);
+
+impl Default for FallbackLog {
+    fn default() -> Self {
+        FallbackLog(ArcSwap::from_pointee(FallbackTable(Box::new([]))))
+    }
+}
+
+/// Each route's [`FallbackSeries`] of one engine, by [`RouteId::index`].
+struct FallbackTable(Box<[FallbackRoute]>);
+
+/// A route's fallbacks, by [`Fallback`] in [`Fallback::ALL`]'s order.
+struct FallbackRoute {
+    /// The route of the engine the table was made for.
+    id: RouteId,
+    label: Arc<str>,
+    reasons: [FallbackSeries; Fallback::ALL.len()],
+}
+
+/// One route's fallbacks of one reason.
+struct FallbackSeries {
+    /// `rocgate_client_key_fallbacks_total` of the route and reason, registered at
+    /// their first fallback.
+    counter: std::sync::OnceLock<metrics::Counter>,
+    /// When they were last said ([`Nanos`]), [`FallbackSeries::NEVER`] before.
+    said: AtomicU64,
+}
+
+impl FallbackSeries {
+    /// [`FallbackSeries::said`] of series never said.
+    const NEVER: u64 = u64::MAX;
+
+    /// A series that has counted nothing and said nothing.
+    fn new() -> Self {
+        FallbackSeries {
+            counter: std::sync::OnceLock::new(),
+            said: AtomicU64::new(Self::NEVER),
+        }
+    }
+
+    /// The same series, for a table made again: the same handle and time said.
+    fn kept(&self) -> Self {
+        FallbackSeries {
+            counter: self.counter.clone(),
+            said: AtomicU64::new(self.said.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl FallbackTable {
+    /// The table of `engine`'s routes, each keeping, by name, what `old` held of it.
+    #[cold]
+    #[inline(never)]
+    fn of(engine: &Engine, old: &FallbackTable) -> FallbackTable {
+        let old: HashMap<&str, &FallbackRoute> = old.0.iter().map(|r| (&*r.label, r)).collect();
+        FallbackTable(
+            engine
+                .route_ids()
+                .map(|id| {
+                    let label = engine.route_label(id).unwrap_or_default();
+                    let reasons = match old.get(&*label) {
+                        Some(kept) => kept.reasons.each_ref().map(FallbackSeries::kept),
+                        None => std::array::from_fn(|_| FallbackSeries::new()),
+                    };
+                    FallbackRoute { id, label, reasons }
+                })
+                .collect(),
+        )
+    }
+
+    /// The entry of `route`, if the table was made for its engine.
+    #[inline]
+    fn route(&self, route: RouteId) -> Option<&FallbackRoute> {
+        self.0.get(route.index()).filter(|r| r.id == route)
+    }
+}
 
 impl FallbackLog {
     /// The least time between two lines of one route and reason.
@@ -158,7 +240,6 @@ impl FallbackLog {
 
     /// A request on `route` keyed by `client` as the walk ended at `ended` (or found
     /// no header, [`Fallback::NoHeader`]), at `now`.
-    #[cold]
     #[inline(never)]
     fn note(
         &self,
@@ -169,30 +250,43 @@ impl FallbackLog {
         client: IpAddr,
         now: Nanos,
     ) {
-        let label = engine.route_label(route).unwrap_or_default();
-        let reason = ended.reason.as_str();
-        metrics::counter!(crate::metrics::CLIENT_KEY_FALLBACKS, "route" => label.to_string(), "reason" => reason)
-            .increment(1);
-        {
-            // Never waited for: under a flood of such requests, the one that finds the
-            // table taken leaves the line to the next (every request is counted above).
-            let mut said = match self.0.try_lock() {
-                Ok(said) => said,
-                Err(TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(TryLockError::WouldBlock) => return,
-            };
-            let key = (Arc::clone(&label), ended.reason);
-            if said
-                .get(&key)
-                .is_some_and(|&last| now.saturating_since(last) < Self::EVERY)
-            {
-                return;
+        let table = self.0.load();
+        let made;
+        let entry = match table.route(route) {
+            Some(entry) => entry,
+            None => {
+                made = Arc::new(FallbackTable::of(engine, &table));
+                self.0.store(Arc::clone(&made));
+                match made.route(route) {
+                    Some(entry) => entry,
+                    None => return,
+                }
             }
-            said.insert(key, now);
+        };
+        let label: &str = &entry.label;
+        let reason = ended.reason.as_str();
+        let series = &entry.reasons[ended.reason.index()];
+        series
+            .counter
+            .get_or_init(|| {
+                metrics::counter!(crate::metrics::CLIENT_KEY_FALLBACKS, "route" => label.to_string(), "reason" => reason)
+            })
+            .increment(1);
+        // Never waited for: of requests that find it due at once, one says it.
+        let last = series.said.load(Ordering::Relaxed);
+        let due =
+            last == FallbackSeries::NEVER || now.saturating_since(Nanos::new(last)) >= Self::EVERY;
+        if !due
+            || series
+                .said
+                .compare_exchange(last, now.as_u64(), Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
         }
         if ended.reason == Fallback::NoHeader {
             tracing::warn!(
-                route = &*label,
+                route = label,
                 header = header.as_str(),
                 reason,
                 key = %client,
@@ -211,7 +305,7 @@ impl FallbackLog {
             String::new()
         };
         tracing::warn!(
-            route = &*label,
+            route = label,
             header = header.as_str(),
             reason,
             entry = %format_args!("\"{}\"{cut}", shown.escape_ascii()),
