@@ -2980,3 +2980,53 @@ async fn a_routes_fallbacks_go_on_through_a_reload_that_moves_it() {
     assert_eq!(count(), Some(3));
     assert_eq!(log.lines_with("rq-moved").len(), 2);
 }
+
+/// A request from a trusted proxy that carries the forwarding header not read (here
+/// `Forwarded`, where `X-Forwarded-For` is read, and the other way round) is a
+/// `no_header` fallback, and its line says which one it carried and that
+/// `client_ip_header` chooses the one read: it said the request carried no forwarding
+/// header at all, which an operator whose proxy writes `Forwarded` reads as false.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_no_header_line_says_the_request_carried_the_other_header() {
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    for (name, read, other) in [
+        (
+            "rq-other-xff",
+            ClientIpHeader::XForwardedFor,
+            ("forwarded", "for=203.0.113.1"),
+        ),
+        (
+            "rq-other-fwd",
+            ClientIpHeader::Forwarded,
+            ("x-forwarded-for", "203.0.113.1"),
+        ),
+    ] {
+        let config = order_per_client(name);
+        let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+        let l = AdmissionLayer::with_engine(SharedEngine::new(engine), clock.clone())
+            .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+            .client_ip_header(read)
+            .build();
+        let mut req = post_order();
+        req.headers_mut()
+            .insert(other.0, http::HeaderValue::from_static(other.1));
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        app(l, Arc::new(AtomicU64::new(0)))
+            .oneshot(req)
+            .await
+            .unwrap();
+        let lines = log.lines_with(name);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        for part in [
+            "no_header",
+            &format!("header=\"{}\"", read.as_str()),
+            &format!("carried=\"{}\"", other.0),
+            "client_ip_header",
+        ] {
+            assert!(lines[0].contains(part), "{part}: {lines:?}");
+        }
+    }
+}

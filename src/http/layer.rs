@@ -238,14 +238,14 @@ impl FallbackLog {
     /// The most bytes of the entry a line shows.
     const ENTRY_SHOWN: usize = 64;
 
-    /// A request on `route` keyed by `client` as the walk ended at `ended` (or found
-    /// no header, [`Fallback::NoHeader`]), at `now`.
+    /// A request with `headers` on `route` keyed by `client` as the walk through
+    /// `header` ended at `ended` (or found no header, [`Fallback::NoHeader`]), at `now`.
     #[inline(never)]
     fn note(
         &self,
         engine: &Engine,
         route: RouteId,
-        header: ClientIpHeader,
+        (header, headers): (ClientIpHeader, &http::HeaderMap),
         ended: EndedAt<'_>,
         client: IpAddr,
         now: Nanos,
@@ -285,6 +285,21 @@ impl FallbackLog {
             return;
         }
         if ended.reason == Fallback::NoHeader {
+            let other = match header {
+                ClientIpHeader::XForwardedFor => ClientIpHeader::Forwarded,
+                ClientIpHeader::Forwarded => ClientIpHeader::XForwardedFor,
+            };
+            if headers.contains_key(other.as_str()) {
+                tracing::warn!(
+                    route = label,
+                    header = header.as_str(),
+                    reason,
+                    carried = other.as_str(),
+                    key = %client,
+                    "a request from a trusted proxy carried not the forwarding header read (header) but the other one (carried), which is not read: it is keyed by that proxy's address, as is every such request through it, and that key's limit is theirs together; if the proxies in front write that one, set [server] client_ip_header to it (counted in rocgate_client_key_fallbacks_total; said at most once a minute per route and reason)"
+                );
+                return;
+            }
             tracing::warn!(
                 route = label,
                 header = header.as_str(),
@@ -435,8 +450,8 @@ impl Gate {
                     true => match self.resolver.walk(peer, req.headers()) {
                         (Some(client), Some(ended)) => {
                             let (header, now) = (self.resolver.header(), self.clock.now());
-                            self.fallbacks
-                                .note(engine, route, header, ended, client, now);
+                            let read = (header, req.headers());
+                            self.fallbacks.note(engine, route, read, ended, client, now);
                             Some(client)
                         }
                         (client, _) => client,
