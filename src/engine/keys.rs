@@ -111,7 +111,7 @@ impl Keys {
     /// Sweeps the tables (see [`KeyTable::sweep`]); `counted`: the keys evicted count
     /// as the route's ([`super::KEYS_EVICTED`]), as the enforced table's do and a
     /// shadow table's do not.
-    pub(super) fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
+    pub(super) fn sweep(&self, r: &Route, last: &AtomicU64, now: Nanos, counted: bool) {
         with_tables!(self, t => t.sweep(r, last, now, counted));
     }
 
@@ -342,7 +342,7 @@ impl<E: KeyState> KeyTables<E> {
         }
     }
 
-    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
+    fn sweep(&self, r: &Route, last: &AtomicU64, now: Nanos, counted: bool) {
         match self {
             KeyTables::Ip(t) => t.sweep(r, last, now, counted),
             KeyTables::Value(t) => t.sweep(r, last, now, counted),
@@ -1445,7 +1445,12 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     /// req/s) keep the table full, and every new client in the one overflow limiter
     /// that it drained too. It must now hold `max_keys` keys off rest at once, again
     /// after each sweep.
-    fn sweep(&self, r: &Route, last: &mut Nanos, now: Nanos, counted: bool) {
+    ///
+    /// `last`: when the table was last swept (ns on the engine's clock), read and
+    /// written by the sweeping thread only. It is moved to `now` before the first key
+    /// is visited, so that a sweep that panics (a bug) is tried again on its schedule,
+    /// not at every rollover after it.
+    fn sweep(&self, r: &Route, last: &AtomicU64, now: Nanos, counted: bool) {
         let full = self.len.load(Ordering::Relaxed) >= self.limits.max_keys;
         let idle_every = self.limits.idle_timeout / 2;
         let every = if full {
@@ -1455,10 +1460,10 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
         } else {
             idle_every
         };
-        if now.saturating_since(*last) < every {
+        if now.saturating_since(Nanos::new(last.load(Ordering::Relaxed))) < every {
             return;
         }
-        *last = now;
+        last.store(now.as_u64(), Ordering::Relaxed);
         let Some(map) = self.map.get() else {
             return;
         };

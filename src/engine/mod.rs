@@ -1887,14 +1887,9 @@ impl Route {
             return;
         }
         let _sweeping = Sweeping(&self.sweeping);
-        let swept = |clock: &AtomicU64, sweep: &dyn Fn(&mut Nanos)| {
-            let mut last = Nanos::new(clock.load(Ordering::Relaxed));
-            sweep(&mut last);
-            clock.store(last.as_u64(), Ordering::Relaxed);
-        };
-        swept(&self.swept[0], &|last| keys.sweep(self, last, now, true));
+        keys.sweep(self, &self.swept[0], now, true);
         if let Some(Shadow::Keys(shadow)) = &self.shadow {
-            swept(&self.swept[1], &|last| shadow.sweep(self, last, now, false));
+            shadow.sweep(self, &self.swept[1], now, false);
         }
     }
 

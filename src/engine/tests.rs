@@ -108,11 +108,43 @@ fn a_sweep_that_panicked_leaves_the_next_one_to_run() {
     keys::ON_EVICT.set(None);
     assert!(swept.is_err(), "the sweep evicted a key, and panicked");
     assert_eq!(e.route_snapshot(id, Nanos::from_secs(11)).unwrap().keys, 2);
-    // Past the next idle sweep's time, whichever clock the panic left.
+    // Past the next idle sweep's time (16 s: the panic left the clock at 11 s).
     let later = Nanos::from_secs(17);
     assert!(e.check(id, Key::None, later).is_admit());
     let s = e.route_snapshot(id, later).unwrap();
     assert_eq!((s.keys, s.keys_evicted), (0, 2));
+}
+
+/// A sweep that panics is not tried again before its next time: the table's clock
+/// says it swept at 11 s, so the rollovers at 11.1 s and 15.9 s (idle sweeps every
+/// 5 s, half `idle_timeout`) run none, and the one at 16 s runs it. The clock was
+/// written once the sweep returned: a panicking sweep left it where it was, and every
+/// rollover after (one per 100 ms slot) went through the table again and panicked.
+#[test]
+fn a_sweep_that_panicked_waits_for_its_next_time() {
+    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let id = e.route_at(0).unwrap();
+    assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
+    // The hook panics at the key's eviction, each time a sweep reaches it.
+    let swept_at = |ms: u64| {
+        keys::ON_EVICT.set(Some(Box::new(|| panic!("a sweep that panics"))));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            e.check(id, Key::None, Nanos::from_millis(ms))
+        }))
+        .is_err();
+        keys::ON_EVICT.set(None);
+        panicked
+    };
+    let panicked: Vec<u64> = [11_000, 11_100, 15_900, 16_000]
+        .into_iter()
+        .filter(|&ms| swept_at(ms))
+        .collect();
+    assert_eq!(panicked, [11_000, 16_000], "the rollovers whose sweep ran");
 }
 
 /// Every call that brings a route without requests up to date runs the rollover's
