@@ -83,6 +83,62 @@ fn key_table(max_keys: usize, idle_timeout: Option<Duration>) -> KeyLimits {
     v
 }
 
+/// An engine set to sweep apart leaves a partitioned route's idle keys to
+/// [`Engine::sweep_due`]: neither a request that rolls the window nor `catch_up` sweeps
+/// them, even when a sweep is due; `sweep_due` evicts the keys idle for
+/// `idle_timeout` (10 s) when the table's sweep is due (every 5 s), and neither a key
+/// still in use nor one idle before its sweep is due. A reload keeps the setting, and
+/// set back, requests sweep again.
+#[test]
+fn an_engine_that_sweeps_apart_evicts_only_in_sweep_due() {
+    let s = Nanos::from_secs;
+    let mut cfg = RouteConfig::new("ip", RouteMatch::any());
+    cfg.partition = Partition::ClientIp(key_table(100, Some(Duration::from_secs(10))));
+    let e = engine(vec![cfg.clone()]);
+    let id = e.route_at(0).unwrap();
+    e.set_sweeps_apart(true);
+    assert!(e.sweeps_apart());
+    assert!(e.check(id, ip(1), s(0)).is_admit());
+    assert!(e.check(id, ip(2), s(2)).is_admit());
+    let keys = |e: &Engine, at| {
+        let snapshot = e.route_snapshot(e.route_at(0).unwrap(), at).unwrap();
+        (snapshot.keys, snapshot.keys_evicted)
+    };
+    // Key 1 idle for 11 s, a sweep due since 5 s.
+    assert!(e.check(id, ip(3), s(11)).is_admit());
+    e.catch_up(id, Nanos::from_millis(11_500));
+    assert_eq!(keys(&e, s(11)), (3, 0), "no request or catch_up sweeps");
+    e.sweep_due(s(11));
+    assert_eq!(
+        keys(&e, s(11)),
+        (2, 1),
+        "key 1 evicted, key 2 (idle 9 s) kept"
+    );
+    // Key 2 idle for 11 s, but the table swept 2 s ago.
+    e.sweep_due(s(13));
+    assert_eq!(
+        keys(&e, s(13)),
+        (2, 1),
+        "the next sweep is not due before 16 s"
+    );
+    let reloaded = reloaded(&e, vec![cfg]);
+    assert!(reloaded.sweeps_apart(), "a reload keeps the setting");
+    e.sweep_due(s(16));
+    assert_eq!(
+        keys(&e, s(16)),
+        (1, 2),
+        "key 2 evicted, key 3 (idle 5 s) kept"
+    );
+    // Set back, the request that rolls the window sweeps.
+    e.set_sweeps_apart(false);
+    assert!(e.check(id, ip(4), s(22)).is_admit());
+    assert_eq!(
+        keys(&e, s(22)),
+        (1, 3),
+        "key 3 evicted by the request at 22 s"
+    );
+}
+
 /// An engine with one route keyed by client IP, 5 req/s (1 when cut) by `algorithm`.
 fn five_per_ip(algorithm: Algorithm, limits: KeyLimits) -> Engine {
     let mut cfg = RouteConfig::new("ip", RouteMatch::any());

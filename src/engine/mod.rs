@@ -206,6 +206,11 @@ pub struct Engine {
     key_headers: Box<[String]>,
     hook: Option<TransitionHook>,
     sample_hook: Option<SampleHook>,
+    /// Whether the partitioned routes' idle keys are swept by [`Engine::sweep_due`]
+    /// only, not by the request (or catch-up) that rolls a route's window
+    /// ([`Engine::set_sweeps_apart`]). Read after a rollover only. Always `std`'s: a
+    /// setting, in no loom model.
+    sweeps_apart: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -425,7 +430,7 @@ impl Engine {
             .iter()
             .map(|r| Arc::new(Route::new(r, &r.controller, now, wall_now, None, None)))
             .collect();
-        Ok(Engine::assemble(config, routes, None, None))
+        Ok(Engine::assemble(config, routes, None, None, false))
     }
 
     /// The engine of `config`'s routes, built or kept in its order.
@@ -434,6 +439,7 @@ impl Engine {
         routes: Vec<Arc<Route>>,
         hook: Option<TransitionHook>,
         sample_hook: Option<SampleHook>,
+        sweeps_apart: bool,
     ) -> Engine {
         let matchers: Box<[RouteMatch]> = config.routes.iter().map(|r| r.matcher.clone()).collect();
         let index = (matchers.len() > SCAN_ROUTES).then(|| RouteIndex::new(&matchers));
@@ -461,6 +467,7 @@ impl Engine {
             key_headers: key_headers.into(),
             hook,
             sample_hook,
+            sweeps_apart: std::sync::atomic::AtomicBool::new(sweeps_apart),
         }
     }
 
@@ -662,8 +669,13 @@ impl Engine {
                 }
             })
             .collect();
-        let mut engine =
-            Engine::assemble(config, routes, self.hook.clone(), self.sample_hook.clone());
+        let mut engine = Engine::assemble(
+            config,
+            routes,
+            self.hook.clone(),
+            self.sample_hook.clone(),
+            self.sweeps_apart(),
+        );
         // The state of a route rebuilt, and the keys of a partitioned route handed
         // over, come in last, once the rest is built, so that fewer decisions are made
         // on the old engine after they are taken (they are not counted in the new
@@ -939,7 +951,8 @@ impl Engine {
 
     /// Brings a route up to `now` as a request at `now` would, without counting one:
     /// its window advances over the slots that have passed, its controller steps
-    /// through them (taking the scheduled event due), its idle keys are swept, and a
+    /// through them (taking the scheduled event due), its idle keys are swept (unless
+    /// the engine sweeps them apart: [`Engine::set_sweeps_apart`]), and a
     /// limit change its route-wide limiter is still behind on (one that found its
     /// token bucket's note taken) is made. Otherwise a route without requests stands
     /// where its last request left it: a cut that its silence outlasted reads as a
@@ -973,7 +986,7 @@ impl Engine {
             } else if r.counter.needs_roll(now) {
                 self.roll_locked(r, &mut st, now);
                 drop(st);
-                r.sweep(now);
+                self.sweep_rolled(r, now);
             }
         } else if r.behind.load(Ordering::Relaxed) & BEHIND_CHANGES != 0 {
             r.finish_change();
@@ -1003,6 +1016,42 @@ impl Engine {
                 // (`active_event`, the limits) and metrics.
                 r.lock().follow_events(now);
             }
+        }
+    }
+
+    /// Sets whether the partitioned routes' idle keys are swept apart from requests:
+    /// by [`Engine::sweep_due`] only, which a thread of the caller's then runs (every
+    /// 100 ms, the fastest a full table is swept, as `rocgate::http::Sweeper` does,
+    /// feature `http`). Off by default: the request (or [`Engine::catch_up`], a runtime
+    /// change, a reload) that rolls a route's window runs the route's sweep once it
+    /// has let go of the route's state, and that request waits for it (about 20 ms at
+    /// 1,000,000 keys) before it has its decision. Off again, requests sweep again. An
+    /// engine that [`Engine::reload`] builds takes this engine's setting. Costs
+    /// requests nothing: it is read after a rollover only.
+    pub fn set_sweeps_apart(&self, apart: bool) {
+        self.sweeps_apart
+            .store(apart, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the partitioned routes' idle keys are swept apart from requests
+    /// ([`Engine::set_sweeps_apart`]).
+    pub fn sweeps_apart(&self) -> bool {
+        self.sweeps_apart.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sweeps the key tables of every partitioned route whose sweep is due at `now`,
+    /// as a rollover would ([`Engine::set_sweeps_apart`]): keys idle for
+    /// `idle_timeout` whose limiter holds nothing are evicted, at most every half of
+    /// it, and while a table is full every key at rest, at most every 100 ms (or a
+    /// microsecond per key of `max_keys`, if longer). A table whose sweep is not due
+    /// is left as it is, in a few nanoseconds; a route limited as a whole has nothing
+    /// to sweep. A route's sweep that another thread is running (a request's, on an
+    /// engine that does not sweep apart) is left to it. Blocks for as long as the
+    /// sweeps take (about 20 ms a table of 1,000,000 keys): call it on a thread of its
+    /// own, not on an async runtime's worker.
+    pub fn sweep_due(&self, now: Nanos) {
+        for slot in &self.routes {
+            slot.route.sweep(now);
         }
     }
 
@@ -1457,12 +1506,21 @@ impl Engine {
         if let Some(mut st) = r.try_lock() {
             self.roll_locked(r, &mut st, now);
             drop(st);
+            self.sweep_rolled(r, now);
+        }
+    }
+
+    /// Sweeps the keys of `r`, whose window this thread rolled to `now` and whose
+    /// state it let go ([`Route::sweep`]), unless this engine sweeps apart
+    /// ([`Engine::set_sweeps_apart`]).
+    fn sweep_rolled(&self, r: &Route, now: Nanos) {
+        if !self.sweeps_apart() {
             r.sweep(now);
         }
     }
 
     /// [`roll`](Self::roll), the route's state held; the caller sweeps the route's
-    /// keys then ([`Route::sweep`]), the state let go.
+    /// keys then ([`Engine::sweep_rolled`]), the state let go.
     fn roll_locked(&self, r: &Route, st: &mut RouteState, now: Nanos) {
         // What the limiters and the tier keys follow: the limit, the base limit, and
         // the cut, which with them says where the limit stands between the two (an
@@ -1870,7 +1928,8 @@ fn eta(next: &AtomicU64, now: Nanos) -> Option<Duration> {
 
 impl Route {
     /// Sweeps a partitioned route's key tables, each on its own clock
-    /// ([`Route::swept`]), after a rollover, the route's state let go: a sweep of a
+    /// ([`Route::swept`]), after a rollover, the route's state let go, or apart from
+    /// requests ([`Engine::sweep_due`]): a sweep of a
     /// large table (about 20 ms for 1,000,000 keys) held it, and the next slot's
     /// rollover, which found it taken, was skipped, its arrivals counted in the slot
     /// after. One sweep at a time, as under the state: one due while another runs is
