@@ -157,6 +157,51 @@ fn spawn_upkeep_outside_a_runtime_is_an_error_not_a_panic() {
     assert!(l.spawn_upkeep().is_err());
 }
 
+/// The sweeper a layer spawns needs no runtime: on its thread it sweeps a key idle
+/// past `idle_timeout` (10 s on the test's clock) out of the engine in force, with no
+/// request to roll the route's window, which sweeps nothing while it runs; it
+/// follows an engine put in force since; dropped, it leaves the engine in force
+/// sweeping in requests. Polled for up to 3 s (it passes every 100 ms).
+#[test]
+fn a_layers_sweeper_sweeps_the_engine_in_force_apart_from_requests() {
+    #[allow(clippy::disallowed_methods)] // a real thread's passes, polled in real time
+    let within_3_s = |done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while !done() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done()
+    };
+    let mut keys = KeyLimits::default();
+    keys.idle_timeout = Duration::from_secs(10);
+    let mut r = RouteConfig::new("swept", RouteMatch::any());
+    r.partition = Partition::ClientIp(keys);
+    let config = Config::new(vec![r]);
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let build = || Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+    let shared = SharedEngine::new(build());
+    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone()).build();
+    let sweeper = l.spawn_sweeper().unwrap();
+    let engine = l.engine();
+    assert!(engine.sweeps_apart());
+    let id = engine.route_at(0).unwrap();
+    let client = Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into());
+    assert!(engine.check(id, client, clock.now()).is_admit());
+    clock.advance(Duration::from_secs(11));
+    // Another client's request rolls the window, and leaves the sweep to the sweeper.
+    let other = Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 2).into());
+    assert!(engine.check(id, other, clock.now()).is_admit());
+    let keys = || engine.route_snapshot(id, clock.now()).unwrap().keys;
+    assert!(within_3_s(&|| keys() == 1), "{} keys", keys());
+    shared.replace(build());
+    assert!(
+        within_3_s(&|| shared.load().sweeps_apart()),
+        "the sweeper sets the engine put in force"
+    );
+    drop(sweeper);
+    assert!(!shared.load().sweeps_apart());
+}
+
 #[tokio::test]
 async fn rejection_carries_retry_after_ratelimit_headers_and_json() {
     let (l, clock) = layer(vec![route(

@@ -1615,6 +1615,57 @@ async fn a_keep_alive_client_gets_one_upstream_connection_of_its_own() {
     }
 }
 
+/// `rocgate serve` sweeps the idle keys of a partitioned route on a thread of its own:
+/// its engine sweeps apart from requests, and a key idle past `idle_timeout` (10 s on
+/// the test's clock) is evicted with no request to roll the route's window, within
+/// the 3 s the test waits (the sweeper passes every 100 ms; the upkeep task, which
+/// would bring the route up to date, is 5 s from the start away, and sweeps nothing on
+/// an engine that sweeps apart). Once serving ends, the sweeper has stopped and left
+/// the engine sweeping in requests. Before, the request that rolled the window ran
+/// the sweep, and waited for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_sweeps_idle_keys_apart_from_requests() {
+    use rocgate::clock::{Clock, ManualClock};
+    let upstream = start_upstream().await;
+    let clock = Arc::new(ManualClock::new());
+    let mut route = RouteConfig::new("swept_apart", RouteMatch::prefix("/"));
+    let mut keys = KeyLimits::default();
+    keys.idle_timeout = Duration::from_secs(10);
+    route.partition = Partition::ClientIp(keys);
+    let proxy = running::start_proxy_with_clock(
+        settings(upstream.addr),
+        vec![route],
+        Arc::clone(&clock) as Arc<dyn Clock>,
+    )
+    .await;
+    let reply = send(proxy.addr, empty(get("/a"))).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(proxy.reloader.engine().sweeps_apart());
+    assert_eq!(proxy.snapshot("swept_apart").keys, 1);
+    clock.advance(Duration::from_secs(11));
+    // A snapshot reads the table as it is: it rolls and sweeps nothing.
+    let evicted = timeout(Duration::from_secs(3), async {
+        while proxy.snapshot("swept_apart").keys != 0 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        evicted.is_ok(),
+        "the idle key is still in the table after 3 s"
+    );
+    assert_eq!(proxy.snapshot("swept_apart").keys_evicted, 1);
+    let reloader = proxy.reloader.clone();
+    within("shutdown", proxy.shut_down())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !reloader.engine().sweeps_apart(),
+        "the sweeper stopped with serving, and requests sweep again"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_idle_for_upstream_idle_timeout_opens_a_new_connection() {
     use rocgate::clock::ManualClock;

@@ -13,7 +13,10 @@
 //! of them admitted passes any other over that engine untouched (a request extension
 //! marks it), so that stacked layers decide it once. A leaky-bucket
 //! route's pacing sleeps on tokio's timer: outside a tokio runtime with time enabled,
-//! a paced request's `call` panics (giving its place in the bucket back).
+//! a paced request's `call` panics (giving its place in the bucket back). A
+//! partitioned route's idle keys are swept by the request that rolls its window,
+//! unless a [`Sweeper`] ([`AdmissionLayer::spawn_sweeper`]) sweeps them on a thread
+//! of its own.
 //!
 //! The wrapped service's response body is passed through untouched (no wrapper, so
 //! axum does not box it again); a rejection's body is made with `From<Bytes>`, which
@@ -51,6 +54,7 @@ mod future;
 mod layer;
 pub mod rejection;
 mod service;
+mod sweeper;
 
 pub use client_ip::{ClientIpResolver, EndedAt, Fallback, PeerAddr};
 #[cfg(feature = "proxy")]
@@ -62,3 +66,4 @@ pub use layer::{
 pub use service::AdmissionService;
 #[cfg(feature = "proxy")]
 pub(crate) use service::RouteSlot;
+pub use sweeper::{Sweeper, SWEEP_EVERY};
