@@ -4313,3 +4313,45 @@ fn sweep_of_a_full_million_key_table_lock_holds() {
          request of a kept key {shard:?} ({idle:?} without a sweep)"
     );
 }
+
+/// Timing harness, not a test: how long the request that rolls a slot of a route
+/// keyed by IP takes to have its decision while the route's full table of 1,000,000
+/// keys (all at rest) is due a sweep, with the engine sweeping in requests (the
+/// default) and apart from them ([`Engine::set_sweeps_apart`]), and how long
+/// [`Engine::sweep_due`] takes after it (a sweeper thread's pass; nothing is due
+/// once the request swept). Run with `cargo test --release --no-default-features
+/// --test engine -- --ignored --nocapture rollover_request_of_a_million`.
+#[test]
+#[ignore = "timing harness: prints figures"]
+fn rollover_request_of_a_million_key_table_with_and_without_sweeps_apart() {
+    use rocgate::clock::{Clock, MonotonicClock};
+    const KEYS: u32 = 1_000_000;
+    let clock = MonotonicClock::new();
+    let time = |run: &dyn Fn()| {
+        let t = clock.now();
+        run();
+        clock.now().saturating_since(t)
+    };
+    for apart in [false, true] {
+        let e = five_per_ip(
+            Algorithm::TokenBucket {
+                burst: Duration::from_secs(1),
+            },
+            key_table(KEYS as usize, None),
+        );
+        e.set_sweeps_apart(apart);
+        let id = e.route_at(0).unwrap();
+        for n in 0..KEYS {
+            drop(e.check(id, ip(n), Nanos::ZERO));
+        }
+        // A full table of 1,000,000 keys is swept every second: due at 1.5 s.
+        let at = Nanos::from_millis(1_500);
+        let request = time(&|| drop(e.check(id, ip(KEYS), at)));
+        let sweep = time(&|| e.sweep_due(at));
+        let left = e.route_snapshot(id, at).unwrap().keys;
+        println!(
+            "sweeps apart: {apart}; the rollover's request took {request:?}, \
+             sweep_due after it {sweep:?}; {left} keys left"
+        );
+    }
+}
