@@ -1434,7 +1434,8 @@ impl<K: Hash + Eq, E: KeyState> KeyTable<K, E> {
     ///
     /// Run after each rollover of the route's window (a request's, or one that
     /// brings the route up to date), once the route's state is let go (the next
-    /// slot's rollover does not wait for it), by one thread at a time
+    /// slot's rollover does not wait for it), or, on an engine that sweeps apart from
+    /// requests, by [`super::Engine::sweep_due`]; by one thread at a time
     /// ([`super::Route::sweep`]). It holds one shard of the map at a time (a request whose key
     /// is there waits for it): at most about [`SHARD_KEYS`] keys ([`shards_for`]).
     ///

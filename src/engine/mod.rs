@@ -6,7 +6,8 @@
 //! word). Only the one request that wins a slot rollover takes the route's state lock,
 //! with `try_lock`: on a route as a whole no request ever waits for another. On a
 //! partitioned route a request may wait briefly on its key's shard of the key table
-//! while another request inserts a key there or sweeps idle keys out; one its key
+//! while another request inserts a key there or a sweep evicts idle keys from it (a
+//! request's, or a sweeper thread's: [`Engine::set_sweeps_apart`]); one its key
 //! admits is then tried against the route's `route_limit` over its keys together, if
 //! it has one (one CAS more). Nothing allocates unless a new key enters a partitioned
 //! route.
