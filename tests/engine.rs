@@ -87,8 +87,8 @@ fn key_table(max_keys: usize, idle_timeout: Option<Duration>) -> KeyLimits {
 /// [`Engine::sweep_due`]: neither a request that rolls the window nor `catch_up` sweeps
 /// them, even when a sweep is due; `sweep_due` evicts the keys idle for
 /// `idle_timeout` (10 s) when the table's sweep is due (every 5 s), and neither a key
-/// still in use nor one idle before its sweep is due. A reload keeps the setting, and
-/// set back, requests sweep again.
+/// still in use nor one idle before its sweep is due. A reload shares the setting,
+/// and set back, requests sweep again.
 #[test]
 fn an_engine_that_sweeps_apart_evicts_only_in_sweep_due() {
     let s = Nanos::from_secs;
@@ -129,8 +129,10 @@ fn an_engine_that_sweeps_apart_evicts_only_in_sweep_due() {
         (1, 2),
         "key 2 evicted, key 3 (idle 5 s) kept"
     );
-    // Set back, the request that rolls the window sweeps.
+    // Set back, the request that rolls the window sweeps; the reloaded engine shares
+    // the setting.
     e.set_sweeps_apart(false);
+    assert!(!reloaded.sweeps_apart(), "set back on the reload's too");
     assert!(e.check(id, ip(4), s(22)).is_admit());
     assert_eq!(
         keys(&e, s(22)),

@@ -202,6 +202,47 @@ fn a_layers_sweeper_sweeps_the_engine_in_force_apart_from_requests() {
     assert!(!shared.load().sweeps_apart());
 }
 
+/// A reload that races a sweeper's drop: built from the engine in force while the
+/// sweeper ran, so set to sweep apart, and put in force once the sweeper has stopped
+/// and set the engine then in force back to sweeping in requests. The engine it
+/// built still sweeps in requests: its idle keys are evicted by the request that
+/// rolls the route's window. An engine left to sweep apart with no sweeper would
+/// keep every key until its table was full, and every new client in the overflow
+/// limiter, and each reload after would keep the setting.
+#[test]
+fn an_engine_reloaded_across_a_sweepers_drop_sweeps_in_requests() {
+    let mut keys = KeyLimits::default();
+    keys.idle_timeout = Duration::from_secs(10);
+    let mut r = RouteConfig::new("swept", RouteMatch::any());
+    r.partition = Partition::ClientIp(keys);
+    let config = Config::new(vec![r]);
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let engine = Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap();
+    let shared = SharedEngine::new(engine);
+    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone()).build();
+    let sweeper = l.spawn_sweeper().unwrap();
+    let next = shared
+        .load()
+        .reload(&config, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap();
+    drop(sweeper);
+    shared.replace(next);
+    let engine = l.engine();
+    assert!(!engine.sweeps_apart(), "no sweeper runs");
+    let id = engine.route_at(0).unwrap();
+    let client = Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 1).into());
+    assert!(engine.check(id, client, clock.now()).is_admit());
+    clock.advance(Duration::from_secs(11));
+    let other = Key::Ip(std::net::Ipv4Addr::new(10, 0, 0, 2).into());
+    assert!(engine.check(id, other, clock.now()).is_admit());
+    let snapshot = engine.route_snapshot(id, clock.now()).unwrap();
+    assert_eq!(
+        (snapshot.keys, snapshot.keys_evicted),
+        (1, 1),
+        "the request that rolled the window swept the idle key"
+    );
+}
+
 #[tokio::test]
 async fn rejection_carries_retry_after_ratelimit_headers_and_json() {
     let (l, clock) = layer(vec![route(

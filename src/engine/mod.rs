@@ -209,9 +209,10 @@ pub struct Engine {
     sample_hook: Option<SampleHook>,
     /// Whether the partitioned routes' idle keys are swept by [`Engine::sweep_due`]
     /// only, not by the request (or catch-up) that rolls a route's window
-    /// ([`Engine::set_sweeps_apart`]). Read after a rollover only. Always `std`'s: a
-    /// setting, in no loom model.
-    sweeps_apart: std::sync::atomic::AtomicBool,
+    /// ([`Engine::set_sweeps_apart`]). Read after a rollover only. Shared with the
+    /// engines [`Engine::reload`] builds from this one, and with the one this one was
+    /// built from. Always `std`'s: a setting, in no loom model.
+    sweeps_apart: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -431,7 +432,7 @@ impl Engine {
             .iter()
             .map(|r| Arc::new(Route::new(r, &r.controller, now, wall_now, None, None)))
             .collect();
-        Ok(Engine::assemble(config, routes, None, None, false))
+        Ok(Engine::assemble(config, routes, None, None, Arc::default()))
     }
 
     /// The engine of `config`'s routes, built or kept in its order.
@@ -440,7 +441,7 @@ impl Engine {
         routes: Vec<Arc<Route>>,
         hook: Option<TransitionHook>,
         sample_hook: Option<SampleHook>,
-        sweeps_apart: bool,
+        sweeps_apart: Arc<std::sync::atomic::AtomicBool>,
     ) -> Engine {
         let matchers: Box<[RouteMatch]> = config.routes.iter().map(|r| r.matcher.clone()).collect();
         let index = (matchers.len() > SCAN_ROUTES).then(|| RouteIndex::new(&matchers));
@@ -468,7 +469,7 @@ impl Engine {
             key_headers: key_headers.into(),
             hook,
             sample_hook,
-            sweeps_apart: std::sync::atomic::AtomicBool::new(sweeps_apart),
+            sweeps_apart,
         }
     }
 
@@ -675,7 +676,7 @@ impl Engine {
             routes,
             self.hook.clone(),
             self.sample_hook.clone(),
-            self.sweeps_apart(),
+            Arc::clone(&self.sweeps_apart),
         );
         // The state of a route rebuilt, and the keys of a partitioned route handed
         // over, come in last, once the rest is built, so that fewer decisions are made
@@ -1026,9 +1027,12 @@ impl Engine {
     /// feature `http`). Off by default: the request (or [`Engine::catch_up`], a runtime
     /// change, a reload) that rolls a route's window runs the route's sweep once it
     /// has let go of the route's state, and that request waits for it (about 20 ms at
-    /// 1,000,000 keys) before it has its decision. Off again, requests sweep again. An
-    /// engine that [`Engine::reload`] builds takes this engine's setting. Costs
-    /// requests nothing: it is read after a rollover only.
+    /// 1,000,000 keys) before it has its decision. Off again, requests sweep again.
+    /// The engines that [`Engine::reload`] builds from this one, and the one it was
+    /// built from, share the setting: set on one, it is set on all, so that a reload
+    /// built before a sweeper thread stopped (and set this engine back) does not put
+    /// an engine in force that sweeps apart with no thread to sweep it. Costs requests
+    /// nothing: it is read after a rollover only.
     pub fn set_sweeps_apart(&self, apart: bool) {
         self.sweeps_apart
             .store(apart, std::sync::atomic::Ordering::Relaxed);

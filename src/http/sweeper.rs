@@ -26,7 +26,8 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
 ///
 /// It needs no async runtime. Dropping it stops the thread (waiting for a sweep under
 /// way) and sets the engine in force back to sweeping in requests, so that its idle
-/// keys are still evicted. A pass that panics (a bug, which the panic hook prints) is
+/// keys are still evicted: it and the engines reloaded from it share the setting, so
+/// a reload under way then puts in force an engine that sweeps in requests too. A pass that panics (a bug, which the panic hook prints) is
 /// left behind: the sweeps it ran are not tried again before their next time, and the
 /// next pass runs the others.
 ///
