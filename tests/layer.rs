@@ -3116,3 +3116,166 @@ async fn a_no_header_line_says_the_request_carried_the_other_header() {
         }
     }
 }
+
+/// A route's fallback series follow its name, whichever engine a request loads: two
+/// engines put in force in turn, the route at another place in each, count on in one
+/// series and say it once in the minute; renamed, it counts from 1 under its new name
+/// and says that at once, its old series left as it was; rebuilt under its name (a
+/// new algorithm: a new `RouteId` at the same place), it counts on and says nothing
+/// more within the minute.
+#[cfg(feature = "proxy")]
+#[tokio::test(flavor = "current_thread")]
+async fn a_routes_fallbacks_follow_its_name_through_engines_in_turn_and_renames() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let (log, _guard) = captured::Captured::on_this_thread();
+    let config = order_per_client("rq-turns");
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let shared =
+        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone())
+        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let send = || {
+        let mut req = post_order();
+        req.extensions_mut()
+            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+        app.clone().oneshot(req)
+    };
+    let count = |name: &str| {
+        let line =
+            format!("rocgate_client_key_fallbacks_total{{route=\"{name}\",reason=\"no_header\"}} ");
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&line).map(|n| n.parse::<u64>().unwrap()))
+    };
+    let said = |name: &str| log.lines_with(&format!("route=\"{name}\"")).len();
+    send().await.unwrap();
+    let first = shared.load();
+    let mut moved = config.clone();
+    moved
+        .routes
+        .insert(0, route("first", RouteMatch::prefix("/first"), 1.0));
+    let second = Arc::new(
+        first
+            .reload(&moved, clock.now(), SystemTime::UNIX_EPOCH)
+            .unwrap(),
+    );
+    assert_eq!(second.route_id("rq-turns").map(|r| r.index()), Some(1));
+    for turn in 0..6 {
+        let engine = [&second, &first][turn % 2];
+        shared.replace(Arc::clone(engine));
+        send().await.unwrap();
+    }
+    assert_eq!(count("rq-turns"), Some(7));
+    assert_eq!(said("rq-turns"), 1);
+
+    let mut renamed = config.clone();
+    renamed.routes[0].name = "rq-renamed".into();
+    let engine = shared.load();
+    let reloaded = engine
+        .reload(&renamed, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap();
+    shared.replace(reloaded);
+    send().await.unwrap();
+    assert_eq!((count("rq-turns"), count("rq-renamed")), (Some(7), Some(1)));
+    assert_eq!((said("rq-turns"), said("rq-renamed")), (1, 1));
+
+    let mut rebuilt = renamed.clone();
+    rebuilt.routes[0].algorithm = Algorithm::FixedWindow {
+        window: Duration::from_secs(1),
+    };
+    let engine = shared.load();
+    let reloaded = engine
+        .reload(&rebuilt, clock.now(), SystemTime::UNIX_EPOCH)
+        .unwrap();
+    let (before, after) = (
+        engine.route_id("rq-renamed"),
+        reloaded.route_id("rq-renamed"),
+    );
+    assert_ne!(before, after);
+    assert_eq!(after.map(|r| r.index()), Some(0));
+    shared.replace(reloaded);
+    send().await.unwrap();
+    assert_eq!(count("rq-renamed"), Some(2));
+    assert_eq!(said("rq-renamed"), 1);
+}
+
+/// Fallbacks on threads of their own, while one of them reloads the engine over and
+/// over (moving the route each time, so that each reload's first fallbacks make the
+/// route's entry again, on several threads at once), are every one counted, in one
+/// series, and said a few times at most in the minute, never a line a request.
+#[cfg(feature = "proxy")]
+#[test]
+fn fallbacks_on_many_threads_through_reloads_are_all_counted_and_said_a_few_times() {
+    use tower::Service as _;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    // Registers the capture's second dispatcher, so that every thread's callsites ask.
+    drop(captured::Captured::on_this_thread());
+    let log = captured::Captured::default();
+    let writer = log.clone();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish(),
+    );
+    let config = order_per_client("rq-threads");
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let shared =
+        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone())
+        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+        .build();
+    let app = app(l, Arc::new(AtomicU64::new(0)));
+    let (threads, each, reload_every) = (4, 500, 25);
+    let reloads = each / reload_every;
+    std::thread::scope(|s| {
+        for thread in 0..threads {
+            let (mut app, recorder, dispatch) = (app.clone(), &recorder, &dispatch);
+            let (shared, config, clock) = (&shared, &config, &clock);
+            s.spawn(move || {
+                let _recorder = metrics::set_default_local_recorder(recorder);
+                let _log = tracing::dispatcher::set_default(dispatch);
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                for n in 0..each {
+                    if thread == 0 && n % reload_every == 0 {
+                        let mut moved = config.clone();
+                        for k in 0..n / reload_every % 3 {
+                            let path = format!("/before-{k}");
+                            let r = route(&format!("before-{k}"), RouteMatch::prefix(&path), 1.0);
+                            moved.routes.insert(0, r);
+                        }
+                        let engine = shared.load();
+                        let reloaded = engine
+                            .reload(&moved, clock.now(), SystemTime::UNIX_EPOCH)
+                            .unwrap();
+                        shared.replace(reloaded);
+                    }
+                    let mut req = post_order();
+                    req.extensions_mut()
+                        .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+                    runtime.block_on(app.call(req)).unwrap();
+                }
+            });
+        }
+    });
+    let line = "rocgate_client_key_fallbacks_total{route=\"rq-threads\",reason=\"no_header\"} ";
+    let counted = handle
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(line).map(|n| n.parse::<usize>().unwrap()));
+    assert_eq!(counted, Some(threads * each));
+    let said = log.lines_with("rq-threads").len();
+    assert!(
+        (1..=threads * (reloads + 1)).contains(&said),
+        "{said} lines for {} fallbacks",
+        threads * each
+    );
+}
