@@ -202,7 +202,24 @@ impl ClientIpResolver {
 /// Why a walk through the forwarding header ended at an entry rather than at the
 /// client: the request is then keyed by the entry right of it (a trusted proxy's) or
 /// the peer, with every other client whose entry the walk ends at.
+///
+/// More reasons may be told apart later (`NoHeader` was added), so a `match` outside
+/// rocgate has an arm for the others; one naming only these four does not compile:
+///
+/// ```compile_fail,E0004
+/// use rocgate::http::Fallback;
+///
+/// fn label(reason: Fallback) -> &'static str {
+///     match reason {
+///         Fallback::EmptyEntry => "empty",
+///         Fallback::MalformedEntry => "malformed",
+///         Fallback::HiddenNode => "hidden",
+///         Fallback::NoHeader => "none",
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Fallback {
     /// The entry names nothing: empty in `X-Forwarded-For` (`a, , b`, a trailing
     /// comma), or a `Forwarded` element without `for=` or with an empty one.
