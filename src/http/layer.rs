@@ -163,7 +163,7 @@ impl Default for FallbackLog {
     }
 }
 
-/// Each route's [`FallbackSeries`] of one engine, by [`RouteId::index`].
+/// Each route's [`FallbackRoute`] of one engine, by [`RouteId::index`].
 struct FallbackTable(Box<[FallbackRoute]>);
 
 /// A route's fallbacks, by [`Fallback`] in [`Fallback::ALL`]'s order.
