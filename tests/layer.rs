@@ -2844,6 +2844,22 @@ async fn stacked_layers_over_one_engine_hold_one_concurrency_permit() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
+/// The count of `route`'s series of `rocgate_client_key_fallbacks_total` with `reason`
+/// in what `handle` renders; `None` where it has none.
+#[cfg(feature = "proxy")]
+fn fallbacks(
+    handle: &metrics_exporter_prometheus::PrometheusHandle,
+    route: &str,
+    reason: &str,
+) -> Option<u64> {
+    let line =
+        format!("rocgate_client_key_fallbacks_total{{route=\"{route}\",reason=\"{reason}\"}} ");
+    handle
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(&line).map(|n| n.parse().unwrap()))
+}
+
 /// A request on a route partitioned by `ip` whose forwarding header ends the walk at an
 /// empty or malformed entry is keyed by the proxy right of it: every such client shares
 /// that key. Each one is counted in `rocgate_client_key_fallbacks_total` by route and
@@ -2877,15 +2893,7 @@ async fn a_walk_ended_by_a_bad_entry_is_counted_and_said_once_a_minute() {
             let _ = app.oneshot(req).await.unwrap();
         }
     };
-    let count = |reason: &str| {
-        let line = format!(
-            "rocgate_client_key_fallbacks_total{{route=\"rq-fallback\",reason=\"{reason}\"}} "
-        );
-        handle
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(&line).map(|n| n.parse::<u64>().unwrap()))
-    };
+    let count = |reason: &str| fallbacks(&handle, "rq-fallback", reason);
     let said = "rocgate_client_key_fallbacks_total";
     send(b"203.0.113.1, 10.0.0.2").await;
     assert_eq!(count("empty_entry"), None, "{}", handle.render());
@@ -2962,15 +2970,7 @@ async fn a_trusted_proxys_request_without_a_forwarding_header_is_counted_and_sai
             .insert(PeerAddr(format!("{peer}:4242").parse().unwrap()));
         app.clone().oneshot(req)
     };
-    let count = |route: &str| {
-        let line = format!(
-            "rocgate_client_key_fallbacks_total{{route=\"{route}\",reason=\"no_header\"}} "
-        );
-        handle
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(&line).map(|n| n.parse::<u64>().unwrap()))
-    };
+    let count = |route: &str| fallbacks(&handle, route, "no_header");
     let said = "no_header";
     send(&xff, "10.0.0.1", Some(("x-forwarded-for", "203.0.113.1")))
         .await
@@ -3037,13 +3037,7 @@ async fn a_routes_fallbacks_go_on_through_a_reload_that_moves_it() {
             .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
         app.clone().oneshot(req)
     };
-    let count = || {
-        let line = "rocgate_client_key_fallbacks_total{route=\"rq-moved\",reason=\"no_header\"} ";
-        handle
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(line).map(|n| n.parse::<u64>().unwrap()))
-    };
+    let count = || fallbacks(&handle, "rq-moved", "no_header");
     send().await.unwrap();
     assert_eq!(count(), Some(1));
     assert_eq!(log.lines_with("rq-moved").len(), 1);
@@ -3144,14 +3138,7 @@ async fn a_routes_fallbacks_follow_its_name_through_engines_in_turn_and_renames(
             .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
         app.clone().oneshot(req)
     };
-    let count = |name: &str| {
-        let line =
-            format!("rocgate_client_key_fallbacks_total{{route=\"{name}\",reason=\"no_header\"}} ");
-        handle
-            .render()
-            .lines()
-            .find_map(|l| l.strip_prefix(&line).map(|n| n.parse::<u64>().unwrap()))
-    };
+    let count = |name: &str| fallbacks(&handle, name, "no_header");
     let said = |name: &str| log.lines_with(&format!("route=\"{name}\"")).len();
     send().await.unwrap();
     let first = shared.load();
@@ -3266,12 +3253,8 @@ fn fallbacks_on_many_threads_through_reloads_are_all_counted_and_said_a_few_time
             });
         }
     });
-    let line = "rocgate_client_key_fallbacks_total{route=\"rq-threads\",reason=\"no_header\"} ";
-    let counted = handle
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(line).map(|n| n.parse::<usize>().unwrap()));
-    assert_eq!(counted, Some(threads * each));
+    let counted = fallbacks(&handle, "rq-threads", "no_header");
+    assert_eq!(counted, u64::try_from(threads * each).ok());
     let said = log.lines_with("rq-threads").len();
     assert!(
         (1..=threads * (reloads + 1)).contains(&said),
