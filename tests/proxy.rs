@@ -2884,32 +2884,33 @@ async fn a_request_with_two_hosts_gets_400_and_is_not_forwarded() {
 #[tokio::test]
 async fn a_host_holding_a_comma_gets_400_and_is_not_forwarded() {
     let (upstream, proxy) = forwarding_proxy().await;
-    for (n, head) in [
+    let heads = [
         "GET /merged-0 HTTP/1.1\r\nHost: a.example,b.example",
         "GET /merged-1 HTTP/1.1\r\nHost: a.example, b.example",
         "GET /merged-2 HTTP/1.1\r\nHost: a.example,",
         "GET /merged-3 HTTP/1.0\r\nHost: a.example,a.example",
         "GET http://a.example/merged-4 HTTP/1.1\r\nHost: a.example,b.example",
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    ];
+    let why = "a Host field holding a comma, as two Host fields merged: a request names one host (RFC 9112 §3.2)";
+    each_a_bad_request(proxy.addr, &heads, why).await;
+    assert_eq!(upstream.all_paths(), Vec::<String>::new());
+}
+
+/// Sends each request head (its `Connection: close` added) on a connection of its own
+/// to `addr`, and asserts each gets 400 with `bad_request` and `detail`.
+async fn each_a_bad_request(addr: SocketAddr, heads: &[&str], detail: &str) {
+    for (n, head) in heads.iter().enumerate() {
         let raw = raw_exchange(
-            proxy.addr,
+            addr,
             format!("{head}\r\nConnection: close\r\n\r\n").as_bytes(),
             IO_TIMEOUT,
         )
         .await;
         let text = String::from_utf8_lossy(&raw);
         assert!(text.contains(" 400 "), "{n}: {text}");
-        assert!(
-            text.ends_with(
-                r#"{"error":"bad_request","detail":"a Host field holding a comma, as two Host fields merged: a request names one host (RFC 9112 §3.2)"}"#
-            ),
-            "{n}: {text}"
-        );
+        let body = format!(r#"{{"error":"bad_request","detail":"{detail}"}}"#);
+        assert!(text.ends_with(&body), "{n}: {text}");
     }
-    assert_eq!(upstream.all_paths(), Vec::<String>::new());
 }
 
 /// A target whose host holds a comma gets 400 too, and is not forwarded: in absolute
@@ -2922,25 +2923,12 @@ async fn a_target_whose_host_holds_a_comma_gets_400_and_is_not_forwarded() {
     let (upstream, proxy) = forwarding_proxy().await;
     let why =
         "a target whose host holds a comma, as two hosts: a request names one host (RFC 9112 §3.2)";
-    for (n, head) in [
+    let heads = [
         "GET http://a.example,b.example/comma-0 HTTP/1.1\r\nHost: a.example",
         "GET http://user,x@a.example,b.example:80/comma-1 HTTP/1.1\r\nHost: a.example",
         "GET http://a.example,b.example/comma-2 HTTP/1.0",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let raw = raw_exchange(
-            proxy.addr,
-            format!("{head}\r\nConnection: close\r\n\r\n").as_bytes(),
-            IO_TIMEOUT,
-        )
-        .await;
-        let text = String::from_utf8_lossy(&raw);
-        assert!(text.contains(" 400 "), "{n}: {text}");
-        let body = format!(r#"{{"error":"bad_request","detail":"{why}"}}"#);
-        assert!(text.ends_with(&body), "{n}: {text}");
-    }
+    ];
+    each_a_bad_request(proxy.addr, &heads, why).await;
     let mut sender = h2c_connect(proxy.addr).await;
     let req = Request::get("http://a.example,b.example/comma-h2")
         .body(Full::<Bytes>::default())
