@@ -38,6 +38,17 @@ fn with_a_sale(name: &str) -> RouteConfig {
     cfg
 }
 
+/// One route, `swept`, partitioned by client IP, its keys idle after 10 s (swept every
+/// 5 s).
+fn swept() -> Config {
+    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
+    cfg.partition = Partition::ClientIp(KeyLimits {
+        idle_timeout: Duration::from_secs(10),
+        ..KeyLimits::default()
+    });
+    Config::new(vec![cfg])
+}
+
 /// A rollover's sweep of idle keys runs with the route's state let go: a request of
 /// the next slot, decided while the sweep runs (here on the sweeping thread, at the
 /// key it evicts), rolls the window then, its arrivals counted in their own slot. The
@@ -45,14 +56,9 @@ fn with_a_sale(name: &str) -> RouteConfig {
 /// roll: the slot went on accumulating until the next request after the sweep.
 #[test]
 fn the_next_slot_rolls_while_a_sweep_runs() {
-    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
-    });
     let reports = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = Arc::clone(&reports);
-    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH)
+    let e = Engine::new(&swept(), Nanos::ZERO, SystemTime::UNIX_EPOCH)
         .unwrap()
         .with_sample_hook(Arc::new(move |_, report: &SlotReport| {
             seen.lock().unwrap().push(report.at);
@@ -91,12 +97,7 @@ fn the_next_slot_rolls_while_a_sweep_runs() {
 /// idle keys for ever, full, every new key in the overflow limiter.
 #[test]
 fn a_sweep_that_panicked_leaves_the_next_one_to_run() {
-    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
-    });
-    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let e = Engine::new(&swept(), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
     let id = e.route_at(0).unwrap();
     for n in [1, 2] {
         assert!(e.check(id, ip(n), Nanos::ZERO).is_admit());
@@ -122,12 +123,7 @@ fn a_sweep_that_panicked_leaves_the_next_one_to_run() {
 /// rollover after (one per 100 ms slot) went through the table again and panicked.
 #[test]
 fn a_sweep_that_panicked_waits_for_its_next_time() {
-    let mut cfg = RouteConfig::new("swept", crate::config::RouteMatch::any());
-    cfg.partition = Partition::ClientIp(KeyLimits {
-        idle_timeout: Duration::from_secs(10),
-        ..KeyLimits::default()
-    });
-    let e = Engine::new(&Config::new(vec![cfg]), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
+    let e = Engine::new(&swept(), Nanos::ZERO, SystemTime::UNIX_EPOCH).unwrap();
     let id = e.route_at(0).unwrap();
     assert!(e.check(id, ip(1), Nanos::ZERO).is_admit());
     // The hook panics at the key's eviction, each time a sweep reaches it.
