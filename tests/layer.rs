@@ -3012,6 +3012,28 @@ async fn a_trusted_proxys_request_without_a_forwarding_header_is_counted_and_sai
     assert_eq!(log.lines_with("rq-no-header").len(), 2);
 }
 
+/// A manual clock at 1 s, the engine of `config` on it, and the test app behind a layer
+/// over that engine that trusts proxies in 10.0.0.0/8.
+#[cfg(feature = "proxy")]
+fn behind_trusted_proxies(config: &Config) -> (Arc<ManualClock>, SharedEngine, Router) {
+    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
+    let shared =
+        SharedEngine::new(Engine::new(config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
+    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone())
+        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
+        .build();
+    (clock, shared, app(l, Arc::new(AtomicU64::new(0))))
+}
+
+/// An order from the trusted proxy 10.0.0.1, with no forwarding header.
+#[cfg(feature = "proxy")]
+fn from_a_trusted_proxy() -> Request<Body> {
+    let mut req = post_order();
+    req.extensions_mut()
+        .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
+    req
+}
+
 /// The layer finds a route's fallback series by the route's place in the engine's
 /// table: a reload that moves the route (a route put before it) takes its new engine
 /// in at its first fallback, and the route keeps, by name, its series and when it last
@@ -3024,19 +3046,8 @@ async fn a_routes_fallbacks_go_on_through_a_reload_that_moves_it() {
     let _recorder = metrics::set_default_local_recorder(&recorder);
     let (log, _guard) = captured::Captured::on_this_thread();
     let config = order_per_client("rq-moved");
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
-    let shared =
-        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
-    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone())
-        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
-        .build();
-    let app = app(l, Arc::new(AtomicU64::new(0)));
-    let send = || {
-        let mut req = post_order();
-        req.extensions_mut()
-            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
-        app.clone().oneshot(req)
-    };
+    let (clock, shared, app) = behind_trusted_proxies(&config);
+    let send = || app.clone().oneshot(from_a_trusted_proxy());
     let count = || fallbacks(&handle, "rq-moved", "no_header");
     send().await.unwrap();
     assert_eq!(count(), Some(1));
@@ -3125,19 +3136,8 @@ async fn a_routes_fallbacks_follow_its_name_through_engines_in_turn_and_renames(
     let _recorder = metrics::set_default_local_recorder(&recorder);
     let (log, _guard) = captured::Captured::on_this_thread();
     let config = order_per_client("rq-turns");
-    let clock = Arc::new(ManualClock::starting_at(Nanos::from_secs(1)));
-    let shared =
-        SharedEngine::new(Engine::new(&config, clock.now(), SystemTime::UNIX_EPOCH).unwrap());
-    let l = AdmissionLayer::with_engine(shared.clone(), clock.clone())
-        .trusted_proxies(vec!["10.0.0.0/8".parse().unwrap()])
-        .build();
-    let app = app(l, Arc::new(AtomicU64::new(0)));
-    let send = || {
-        let mut req = post_order();
-        req.extensions_mut()
-            .insert(PeerAddr("10.0.0.1:4242".parse().unwrap()));
-        app.clone().oneshot(req)
-    };
+    let (clock, shared, app) = behind_trusted_proxies(&config);
+    let send = || app.clone().oneshot(from_a_trusted_proxy());
     let count = |name: &str| fallbacks(&handle, name, "no_header");
     let said = |name: &str| log.lines_with(&format!("route=\"{name}\"")).len();
     send().await.unwrap();
