@@ -50,6 +50,7 @@
 //! | `rocgate_client_connection_limit_reached_total` | counter | | proxy: connections accepted while every one of `max_connections` was taken: each waited for a place, idle ones closed to make room |
 //! | `rocgate_client_connections_reclaimed_total` | counter | | proxy: keep-alive connections closed gracefully to make room for a connection waiting at `max_connections`: idle ones (no request in progress; a new one that has sent nothing, closed with no answer), and HTTP/1.1 ones closed after an answer that said `Connection: close` |
 //! | `rocgate_admin_connections_reclaimed_total` | counter | | proxy: the admin API's keep-alive connections closed gracefully to make room for one waiting at its cap of 256 (a scraper or client pooling that many idle ones); not counted in `rocgate_client_connections_reclaimed_total`, which, as the other `rocgate_client_connections*` series, counts the proxy's clients' |
+//! | `rocgate_admin_refused_total` | counter | `reason` | proxy: admin API requests refused for the bearer token they sent: `wrong_token` (compared and not the `[admin] token`: 401, or 403 with a `Host` naming another host), `too_many_guesses` (429 without being compared, their client address having sent too many wrong ones); each at 0 from the start |
 //! | `rocgate_client_connections_refused_total` | counter | | proxy: connections closed as soon as accepted (or, with `proxy_protocol`, as soon as their header names their client), their client address holding `max_connections_per_client` already |
 //! | `rocgate_proxy_protocol_refused_total` | counter | `reason` | proxy: connections from `proxy_protocol_from` closed for their PROXY protocol header (`proxy_protocol`): `empty` (closed, or silent through `header_read_timeout`, before a byte: a health check that connects and closes, or a balancer that sends its header only with its client's first bytes), `invalid` (none, of a version not taken, malformed, or a text one past 107 bytes), `timeout` (not whole within `header_read_timeout`); each at 0 from the start |
 //! | `rocgate_lingering_connections` | gauge | | proxy: client connections being closed as lingering closes now: answered with a body left unread, or closed (idle, keep-alive, HTTP/2) with bytes waiting unread, their write half shut, reading what the client still sends (they hold a place under `max_connections`) |
@@ -155,6 +156,8 @@ pub const PROXY_PROTOCOL_REFUSED: &str = "rocgate_proxy_protocol_refused_total";
 pub const CONNECTIONS_RECLAIMED: &str = "rocgate_client_connections_reclaimed_total";
 /// `rocgate_admin_connections_reclaimed_total`.
 pub const ADMIN_CONNECTIONS_RECLAIMED: &str = "rocgate_admin_connections_reclaimed_total";
+/// `rocgate_admin_refused_total`.
+pub const ADMIN_REFUSED: &str = "rocgate_admin_refused_total";
 /// `rocgate_lingering_connections`.
 pub const LINGERING_CONNECTIONS: &str = "rocgate_lingering_connections";
 /// `rocgate_lingering_closes_total`.
@@ -187,7 +190,7 @@ pub const STORE_INSTANCES: &str = "rocgate_store_instances";
 pub const BUILD_INFO: &str = "rocgate_build_info";
 
 /// Every metric name rocgate exports.
-pub const ALL: [&str; 53] = [
+pub const ALL: [&str; 54] = [
     REQUESTS,
     DEMAND,
     ROC,
@@ -226,6 +229,7 @@ pub const ALL: [&str; 53] = [
     PROXY_PROTOCOL_REFUSED,
     CONNECTIONS_RECLAIMED,
     ADMIN_CONNECTIONS_RECLAIMED,
+    ADMIN_REFUSED,
     LINGERING_CONNECTIONS,
     LINGERING_CLOSES,
     CONFIG_RELOADS,
@@ -386,6 +390,10 @@ pub fn describe() {
     describe_counter!(
         ADMIN_CONNECTIONS_RECLAIMED,
         "Admin API keep-alive connections closed gracefully to make room at its cap of 256."
+    );
+    describe_counter!(
+        ADMIN_REFUSED,
+        "Admin API requests refused for their bearer token: wrong_token (compared, not the token), too_many_guesses (429, their address having sent too many wrong ones)."
     );
     describe_counter!(
         CONNECTIONS_REFUSED,

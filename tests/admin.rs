@@ -896,6 +896,78 @@ async fn mutating_endpoints_require_the_token_when_set() {
     p.stop().await;
 }
 
+/// Wrong tokens are bounded per client address, 10 at once and one a second: past
+/// them, a request from that address with a token, right or wrong, gets 429 with
+/// `Retry-After` (whole seconds) and its token is not compared. The test's peer is
+/// loopback, where the operator's tools (no `Origin`, a `Host` naming this host) are
+/// never bounded: a page's requests are (its `Origin` on a change, its own name in
+/// `Host` through a rebound name), so the page guesses here. Before, every one of its
+/// guesses was answered 401, as fast as it sent them.
+#[tokio::test]
+async fn a_client_sending_wrong_tokens_is_bounded_and_the_operator_is_not() {
+    let clock = Arc::new(ManualClock::new());
+    let (p, _) = start_on(Some("s3cret"), CONFIG, Some(clock.clone())).await;
+    let put = br#"{"base_limit": 150}"#.to_vec();
+    let page = |token: &'static str| {
+        let authorization = format!("Bearer {token}");
+        let put = put.clone();
+        async move {
+            let headers = [
+                ("origin", "http://evil.example"),
+                ("authorization", authorization.as_str()),
+            ];
+            call_with(p.admin, "PUT", "/admin/routes/order", put, &headers).await
+        }
+    };
+    for _ in 0..10 {
+        assert_eq!(page("guess").await.0, 401);
+    }
+    for token in ["guess", "s3cret"] {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<bytes::Bytes>>();
+        let req = http::Request::put(format!("http://{}/admin/routes/order", p.admin))
+            .header("origin", "http://evil.example")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::from(put.clone()))
+            .unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(5), client.request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(res.status(), 429, "{token}");
+        assert_eq!(res.headers()["retry-after"], "1", "{token}");
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            answer["errors"][0],
+            "too many wrong tokens from this address: a token is compared again in 1s"
+        );
+    }
+    // The operator's curl on the host: a typo is answered 401, the token gets in.
+    for _ in 0..20 {
+        let (status, _) = call(p.admin, "PUT", "/admin/routes/order", "{}", Some("typo")).await;
+        assert_eq!(status, 401);
+    }
+    let (status, answer) = call(
+        p.admin,
+        "PUT",
+        "/admin/routes/order",
+        r#"{"base_limit": 150}"#,
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    // A second on (the proxy's clock), the page's address may guess once more.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(page("guess").await.0, 401);
+    assert_eq!(page("guess").await.0, 429);
+    let metrics = metrics_text(p.admin).await;
+    for reason in ["wrong_token", "too_many_guesses"] {
+        let series = format!("rocgate_admin_refused_total{{reason=\"{reason}\"}}");
+        assert!(metrics.contains(&series), "{series} in {metrics}");
+    }
+    p.stop().await;
+}
+
 /// Sends one request to the admin API as a web page's would go, with `Origin`.
 async fn call_from_page(admin: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
     let headers = [

@@ -611,8 +611,9 @@ fn an_admin_api_beyond_loopback_without_a_token_is_warned_of() {
 }
 
 /// With a token shorter than 16 bytes, an admin API beyond loopback is warned of at
-/// start, naming the token's length and never the token: the API does not slow down
-/// guesses, and anyone who reaches it may try them as fast as it answers. A longer
+/// start, naming the token's length and never the token: anyone who reaches the API
+/// may try tokens, one a second from each address past its first 10, and more from
+/// more addresses. A longer
 /// token, or an API on loopback, is not warned of.
 #[test]
 fn an_admin_api_beyond_loopback_with_a_short_token_is_warned_of() {

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// The shortest `[admin] token` not warned of at start when the admin API listens
-/// beyond loopback: anyone who reaches it may try tokens, and none is slowed down.
+/// beyond loopback: anyone who reaches it may try tokens, one a second from each
+/// address past its first 10, and more from more addresses.
 const SHORT_TOKEN_BYTES: usize = 16;
 
 /// The proxy settings: the file's, then the command line's overrides.
@@ -214,7 +215,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             Some(token) if beyond_loopback && token.expose().len() < SHORT_TOKEN_BYTES => {
                 tracing::warn!(
                     admin = %settings.admin_listen,
-                    "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens as fast as it answers, none slowed down; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
+                    "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens, one a second from each address past its first 10 and more from more addresses; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
                     token.expose().len()
                 );
             }

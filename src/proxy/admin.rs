@@ -24,6 +24,9 @@
 //! ([`refuse_a_foreign_host`]). Before that, every endpoint answers 400 to an HTTP/1.1
 //! request without `Host`, and to one with two `Host`s (or one holding a comma, two
 //! merged, or a target whose host holds one) or a `Host` that is no `host[:port]`, as the proxy does (RFC 9112 §3.2, [`refuse_a_host_field_amiss`]).
+//! Wrong tokens are bounded per client address ([`super::guesses`], [`checked`]): past
+//! the bound, a request with a token gets 429 without its token being compared; the
+//! operator on the host (loopback, no `Origin`, a `Host` naming this host) never is.
 //!
 //! Its connections are served as the proxy's are: a request head must come within
 //! `header_read_timeout` of its first byte (slowloris), a keep-alive connection with
@@ -84,6 +87,9 @@ pub(crate) struct AdminState {
     pub(crate) allowed_hosts: Arc<[String]>,
     /// When a request refused for its `Host` was last logged ([`refuse_a_foreign_host`]).
     pub(crate) host_refusals: Arc<Mutex<RefusalLog>>,
+    /// The wrong tokens each client address sent, which bound its guesses
+    /// ([`checked`]).
+    pub(crate) guesses: Arc<super::guesses::Guesses>,
     /// The Redis store, if `[store] backend = "redis"`.
     #[cfg(feature = "redis")]
     pub(crate) store: Option<crate::store::redis::RedisStore>,
@@ -379,30 +385,21 @@ async fn refuse_a_foreign_host(
     if !peer.to_canonical().is_loopback() || HEALTH_CHECKS.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    let authority = request.uri().authority().map(|a| {
-        a.as_str()
-            .rsplit_once('@')
-            .map_or(a.as_str(), |(_, host)| host)
-            .as_bytes()
-    });
-    let hosts = request
-        .headers()
-        .get_all(http::header::HOST)
-        .iter()
-        .map(|v| v.as_bytes());
-    let Some(foreign) = authority
-        .into_iter()
-        .chain(hosts)
-        .find(|host| !names_this_host(host, &state.allowed_hosts))
-    else {
+    let Some(foreign) = foreign_host(request.uri(), request.headers(), &state.allowed_hosts) else {
         return next.run(request).await;
     };
     let token = state.token.as_ref();
-    if token.is_some_and(|t| why_refused(Some(t), request.headers(), peer).is_none()) {
-        return next.run(request).await;
-    }
+    // A token sent with a foreign Host may be a rebound page's guess: bounded.
+    let checked = token.map(|_| checked(&state, request.headers(), peer, true));
+    let too_many = match checked {
+        Some(None) => return next.run(request).await,
+        Some(Some(refusal)) if refusal.status == StatusCode::TOO_MANY_REQUESTS => Some(refusal),
+        _ => None,
+    };
     let host = String::from_utf8_lossy(foreign);
-    let why = format!(
+    let why = too_many.as_ref().map_or_else(
+        || {
+            format!(
         "Host {:?} is not a name of this host: from loopback, the admin API answers a Host \
          that is an IP address, localhost or a name in [admin] allowed_hosts (list it there \
          if it is one of this host's names){}",
@@ -412,7 +409,13 @@ async fn refuse_a_foreign_host(
         } else {
             ""
         },
+    )
+        },
+        |refusal| refusal.why.clone(),
     );
+    let status = too_many
+        .as_ref()
+        .map_or(StatusCode::FORBIDDEN, |r| r.status);
     let now = state.reloader.clock().now();
     let logged = state
         .host_refusals
@@ -423,13 +426,35 @@ async fn refuse_a_foreign_host(
         tracing::warn!(
             %peer,
             path = ?crate::config::quoted(request.uri().path()),
-            status = StatusCode::FORBIDDEN.as_u16(),
+            status = status.as_u16(),
             refused,
             "admin request refused: {why} (refused counts the requests refused for their Host since the last such line, at most one every {}s)",
             REFUSALS_LOGGED_EVERY.as_secs()
         );
     }
-    error(StatusCode::FORBIDDEN, vec![why])
+    match too_many {
+        Some(refusal) => refusal.into_response(),
+        None => error(StatusCode::FORBIDDEN, vec![why]),
+    }
+}
+
+/// The first host a request names (its target's authority, then each `Host`) that
+/// does not name this host ([`names_this_host`]), if any.
+fn foreign_host<'a>(uri: &'a Uri, headers: &'a HeaderMap, allowed: &[String]) -> Option<&'a [u8]> {
+    let authority = uri.authority().map(|a| {
+        a.as_str()
+            .rsplit_once('@')
+            .map_or(a.as_str(), |(_, host)| host)
+            .as_bytes()
+    });
+    let hosts = headers
+        .get_all(http::header::HOST)
+        .iter()
+        .map(|v| v.as_bytes());
+    authority
+        .into_iter()
+        .chain(hosts)
+        .find(|host| !names_this_host(host, allowed))
 }
 
 /// The endpoints a request from loopback reaches whatever its `Host`
@@ -528,9 +553,11 @@ fn unauthorized(
     state: &AdminState,
     headers: &HeaderMap,
     peer: IpAddr,
-    path: &str,
+    uri: &Uri,
 ) -> Option<Response> {
-    let refusal = why_refused(state.token.as_ref(), headers, peer)?;
+    let path = uri.path();
+    let bounded = guess_bounded(state, uri, headers, peer);
+    let refusal = checked(state, headers, peer, bounded)?;
     let now = state.reloader.clock().now();
     if let Some(refused) = state
         .refusals
@@ -579,13 +606,39 @@ impl RefusalLog {
     }
 }
 
-/// Why a change is refused: its status, the error, and the `WWW-Authenticate`
-/// challenge where the token decides.
+/// Why a change is refused: its status, the error, the `WWW-Authenticate`
+/// challenge where the token decides, whether a token was compared and found wrong,
+/// and when to come back after too many.
 #[derive(Debug)]
 struct Refusal {
     status: StatusCode,
     why: String,
     scheme: Option<&'static str>,
+    wrong_token: bool,
+    retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    /// The 429 of a request whose address sent too many wrong tokens, its own left
+    /// uncompared: one more is taken `wait` from now.
+    fn too_many_guesses(wait: Duration) -> Self {
+        Refusal {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            why: format!(
+                "too many wrong tokens from this address: a token is compared again in {}s",
+                retry_after_secs(wait)
+            ),
+            scheme: None,
+            wrong_token: false,
+            retry_after: Some(wait),
+        }
+    }
+}
+
+/// `wait` in whole seconds, rounded up, at least one: as `Retry-After` says it.
+fn retry_after_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
 }
 
 impl IntoResponse for Refusal {
@@ -598,8 +651,62 @@ impl IntoResponse for Refusal {
                 http::HeaderValue::from_static(scheme),
             );
         }
+        if let Some(wait) = self.retry_after {
+            response.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from(retry_after_secs(wait)),
+            );
+        }
         response
     }
+}
+
+/// Why a request is refused, as [`why_refused`] says, a token it presents counted as
+/// a guess of its address when `bounded` ([`super::guesses`]): once the address has
+/// sent too many wrong ones, the request is answered 429 before its token is
+/// compared, so that the answer says nothing of it. Only a wrong token is charged:
+/// a client with the right one is never bounded. A request with no token, or two
+/// (refused as such, nothing compared), is no guess.
+fn checked(
+    state: &AdminState,
+    headers: &HeaderMap,
+    peer: IpAddr,
+    bounded: bool,
+) -> Option<Refusal> {
+    let token = state.token.as_ref();
+    let presented = headers.get_all(http::header::AUTHORIZATION).iter().count() == 1
+        && headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| bearer_token(v.as_bytes()))
+            .is_some();
+    let guess = if bounded && token.is_some() && presented {
+        match state.guesses.begin(peer, state.reloader.clock().now()) {
+            Ok(guess) => Some(guess),
+            Err(wait) => return Some(Refusal::too_many_guesses(wait)),
+        }
+    } else {
+        None
+    };
+    let refusal = why_refused(token, headers, peer);
+    if refusal.as_ref().is_some_and(|r| r.wrong_token) {
+        state.guesses.found_wrong();
+        if let Some(guess) = guess {
+            guess.wrong(state.reloader.clock().now());
+        }
+    }
+    refusal
+}
+
+/// Whether a token a request from `peer` presents is bounded as a guess: unless it
+/// comes from the operator on this host, from loopback with no `Origin` and a `Host`
+/// naming this host, who always gets in, however many wrong tokens other clients
+/// sent. A web page on the host sends `Origin` with a change, and a page re-bound to
+/// 127.0.0.1 its own name as `Host` ([`refuse_a_foreign_host`]): both are bounded,
+/// as is every address beyond loopback.
+fn guess_bounded(state: &AdminState, uri: &Uri, headers: &HeaderMap, peer: IpAddr) -> bool {
+    !peer.to_canonical().is_loopback()
+        || headers.contains_key(http::header::ORIGIN)
+        || foreign_host(uri, headers, &state.allowed_hosts).is_some()
 }
 
 /// Why [`unauthorized`] refuses a change, if it does.
@@ -613,6 +720,8 @@ fn why_refused(
             status,
             why,
             scheme,
+            wrong_token: false,
+            retry_after: None,
         })
     };
     let Some(token) = token else {
@@ -650,11 +759,14 @@ fn why_refused(
     match given {
         Some(g) if token.matches(g) => None,
         // RFC 6750 §3: the scheme and realm; `invalid_token` when one was sent.
-        Some(_) => refusal(
-            StatusCode::UNAUTHORIZED,
-            required(),
-            Some(r#"Bearer realm="rocgate admin", error="invalid_token""#),
-        ),
+        Some(_) => Some(Refusal {
+            wrong_token: true,
+            ..refusal(
+                StatusCode::UNAUTHORIZED,
+                required(),
+                Some(r#"Bearer realm="rocgate admin", error="invalid_token""#),
+            )?
+        }),
         None => refusal(
             StatusCode::UNAUTHORIZED,
             required(),
@@ -820,6 +932,13 @@ fn metrics_text(state: &AdminState) -> impl IntoResponse {
     metrics::counter!(crate::metrics::CONNECTIONS_RECLAIMED).absolute(m.connections.reclaimed());
     metrics::counter!(crate::metrics::ADMIN_CONNECTIONS_RECLAIMED)
         .absolute(m.admin_connections.reclaimed());
+    let guesses = &state.guesses;
+    for (reason, count) in [
+        ("wrong_token", guesses.wrong()),
+        ("too_many_guesses", guesses.refused()),
+    ] {
+        metrics::counter!(crate::metrics::ADMIN_REFUSED, "reason" => reason).absolute(count);
+    }
     let lingering = m.connections.lingering();
     metrics::gauge!(crate::metrics::LINGERING_CONNECTIONS).set(lingering.under_way() as f64);
     // Every end at 0 before its first, so that `rate` counts that one too.
@@ -1017,7 +1136,7 @@ fn authorized_route(
     uri: &Uri,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<String, Box<Response>> {
-    if let Some(denied) = unauthorized(state, headers, peer, uri.path()) {
+    if let Some(denied) = unauthorized(state, headers, peer, uri) {
         return Err(Box::new(denied));
     }
     if let Some(refused) = query_refused(uri) {
@@ -1158,7 +1277,7 @@ async fn reload(
     uri: Uri,
     body: Body,
 ) -> Response {
-    if let Some(denied) = unauthorized(&state, &headers, peer, uri.path()) {
+    if let Some(denied) = unauthorized(&state, &headers, peer, &uri) {
         return denied;
     }
     if let Some(refused) = query_refused(&uri) {
@@ -1333,6 +1452,11 @@ mod tests {
     /// The admin API's state over a proxy bound to loopback ports (not run) with one
     /// route, `order`, and no token.
     async fn state() -> AdminState {
+        state_on(Arc::new(crate::clock::MonotonicClock::new())).await
+    }
+
+    /// [`state`], its proxy on `clock`.
+    async fn state_on(clock: Arc<dyn crate::clock::Clock>) -> AdminState {
         let mut settings = super::super::ProxySettings::from_server(
             &crate::config::ServerConfig::default(),
             "http://127.0.0.1:9".parse().unwrap(),
@@ -1343,7 +1467,7 @@ mod tests {
             "order",
             crate::config::RouteMatch::any(),
         )]);
-        let proxy = super::super::Proxy::bind(settings, &config, None)
+        let proxy = super::super::Proxy::bind_with_clock(settings, &config, None, clock)
             .await
             .unwrap();
         AdminState {
@@ -1355,6 +1479,7 @@ mod tests {
             refusals: Arc::default(),
             allowed_hosts: Arc::new([]),
             host_refusals: Arc::default(),
+            guesses: Arc::new(super::super::guesses::Guesses::new(Default::default())),
             metrics: Arc::new(Exporter {
                 handle: metrics_exporter_prometheus::PrometheusBuilder::new()
                     .build_recorder()
@@ -1732,6 +1857,102 @@ mod tests {
                 .unwrap();
             assert_eq!(response.status(), StatusCode::OK, "PUT from {peer}");
         }
+    }
+
+    /// An address beyond loopback that sends 10 wrong tokens gets 429 for the next
+    /// request with a token, right or wrong, its token not compared, with
+    /// `Retry-After` in whole seconds rounded up, until its bucket has a token again
+    /// (one a second, on the manual clock); a right token costs nothing, so a script
+    /// with it makes any number of changes; the operator on loopback (no `Origin`,
+    /// `Host` naming this host) always gets in, while a page on loopback (a foreign
+    /// `Host`) is bounded too. Each is counted in `rocgate_admin_refused_total`.
+    #[tokio::test]
+    async fn wrong_tokens_are_bounded_per_address() {
+        let clock = Arc::new(crate::clock::ManualClock::new());
+        let mut state = state_on(Arc::clone(&clock) as Arc<dyn crate::clock::Clock>).await;
+        state.token = Some(crate::config::Secret::from("the-right-token"));
+        let guesses = Arc::clone(&state.guesses);
+        let router = router(state);
+        let send = |peer: &str, token: &str, host: &str| {
+            let request = http::Request::post("/admin/reload")
+                .header("host", host)
+                .header("authorization", format!("Bearer {token}"))
+                .body(Body::empty())
+                .unwrap();
+            for_connection(&router, peer.parse().unwrap()).oneshot(request)
+        };
+        // No config file: an authorized reload gets 409.
+        let authorized = StatusCode::CONFLICT;
+        for _ in 0..30 {
+            let answer = send("192.0.2.7", "the-right-token", "rocgate")
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), authorized);
+        }
+        for i in 0..10 {
+            let answer = send("192.0.2.7", &format!("guess-{i}"), "rocgate")
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {i}");
+        }
+        clock.advance(Duration::from_millis(250));
+        for token in ["guess-10", "the-right-token"] {
+            let answer = send("192.0.2.7", token, "rocgate").await.unwrap();
+            assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS, "{token}");
+            assert_eq!(answer.headers()[http::header::RETRY_AFTER], "1");
+            assert!(answer
+                .headers()
+                .get(http::header::WWW_AUTHENTICATE)
+                .is_none());
+            let text = axum::body::to_bytes(answer.into_body(), MAX_BODY_BYTES)
+                .await
+                .unwrap();
+            assert!(
+                String::from_utf8_lossy(&text).contains("too many wrong tokens from this address"),
+                "{text:?}"
+            );
+        }
+        // Another address, and the operator on the host, are not held up.
+        let answer = send("192.0.2.8", "the-right-token", "rocgate")
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), authorized);
+        for _ in 0..20 {
+            let answer = send("127.0.0.1", "a-typo", "localhost").await.unwrap();
+            assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        }
+        let answer = send("127.0.0.1", "the-right-token", "localhost")
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), authorized);
+        // A page re-bound to 127.0.0.1 reads with guesses under its own name: bounded.
+        let read = |token: &str| {
+            let request = http::Request::get("/admin/routes")
+                .header("host", "evil.example")
+                .header("authorization", format!("Bearer {token}"))
+                .body(Body::empty())
+                .unwrap();
+            for_connection(&router, [127, 0, 0, 1].into()).oneshot(request)
+        };
+        for _ in 0..10 {
+            assert_eq!(read("guess").await.unwrap().status(), StatusCode::FORBIDDEN);
+        }
+        let answer = read("guess").await.unwrap();
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+        // Three quarters of a second on, the first address has a token again.
+        clock.advance(Duration::from_millis(750));
+        let answer = send("192.0.2.7", "the-right-token", "rocgate")
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), authorized);
+        let answer = send("192.0.2.7", "guess-11", "rocgate").await.unwrap();
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        let answer = send("192.0.2.7", "guess-12", "rocgate").await.unwrap();
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            (guesses.wrong(), guesses.refused()),
+            (10 + 20 + 10 + 1, 2 + 1 + 1)
+        );
     }
 
     /// A `Host` names this host if it is an IP address (v4, or v6 in brackets),

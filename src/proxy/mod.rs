@@ -29,6 +29,7 @@ mod admin;
 mod connections;
 mod error;
 mod forward;
+mod guesses;
 mod hints;
 mod lane;
 mod proxy_header;
@@ -962,6 +963,7 @@ impl Proxy {
             allowed_hosts: self.settings.admin_allowed_hosts.clone().into(),
             via,
             host_refusals: Arc::default(),
+            guesses: Arc::new(guesses::Guesses::new(guesses::GuessBound::default())),
             answering: Arc::default(),
             refusals: Arc::default(),
             metrics: Arc::new(admin::Exporter {

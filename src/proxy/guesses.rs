@@ -1,0 +1,369 @@
+//! The bound on bearer-token guesses at the admin API: each client address may send
+//! a burst of wrong tokens, then one per interval; past that, a request presenting a
+//! token is answered 429 without its token being compared.
+//!
+//! Only wrong tokens are charged. A client with the right token (a CI job making a
+//! hundred changes, `rocgate hints` polling) is never bounded, however fast it goes;
+//! one that guesses is, after [`GuessBound::burst`] wrong ones. Once over the bound, a
+//! request is refused before its token is looked at, right or wrong, so the 429 says
+//! nothing about the guess it carries: it answers the address, not the token.
+//!
+//! Each address has a token bucket of the project's own ([`TokenBucket`], GCRA),
+//! refilling at [`GuessBound::per_second`] up to [`GuessBound::burst`]. An IPv6
+//! address is counted by its /64, the block one host is usually given: an attacker
+//! with a /64 has 2⁶⁴ addresses to guess from. At most [`MAX_PEERS`] addresses are
+//! tracked; one whose bucket has refilled, with no guess being compared, carries
+//! nothing and is dropped to make room. When every place is taken by an address still
+//! owed tokens, a new address guesses on one overflow bucket that all such addresses
+//! share: the bound then falls on the newcomers together, never lifts. The caller
+//! leaves out who is never bounded (the operator on the host, see
+//! `admin::guess_bounded`).
+//!
+//! A guess is counted from the moment its comparison begins ([`Guesses::begin`]) until
+//! it is charged or let go ([`Guess`]): a client sending its guesses all at once does
+//! not pass more of them than its bucket holds while the first are being compared.
+
+use crate::clock::Nanos;
+use crate::limiter::TokenBucket;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// The most client addresses (IPv6: /64 blocks) whose guesses are tracked one by one.
+pub(crate) const MAX_PEERS: usize = 4096;
+
+/// How many wrong tokens a client address may send: a burst, then a rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GuessBound {
+    /// Wrong tokens an address may send at once (at least one).
+    pub(crate) burst: u32,
+    /// Wrong tokens an address may send per second once its burst is spent
+    /// (positive).
+    pub(crate) per_second: f64,
+}
+
+impl Default for GuessBound {
+    /// 10 at once, then one a second: a person who mistypes the token, or a script
+    /// sent with an old one, is not held up; a guesser gets 86,400 guesses a day
+    /// from an address, where it had as many as the wire carried.
+    fn default() -> Self {
+        GuessBound {
+            burst: 10,
+            per_second: 1.0,
+        }
+    }
+}
+
+/// The guesses of every client address, and how many were refused.
+#[derive(Debug)]
+pub(crate) struct Guesses {
+    bound: GuessBound,
+    table: Mutex<Table>,
+    /// Tokens compared and found wrong.
+    wrong: AtomicU64,
+    /// Requests answered 429 for their address's guesses.
+    refused: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Table {
+    peers: HashMap<IpAddr, Tally>,
+    /// Shared by the addresses that found no place among [`MAX_PEERS`].
+    overflow: Tally,
+    /// No tracked address can be dropped before then (see [`Table::make_room`]).
+    no_room_until: Nanos,
+}
+
+/// One address's bucket, and its guesses being compared.
+#[derive(Debug)]
+struct Tally {
+    bucket: TokenBucket,
+    comparing: u32,
+}
+
+impl Tally {
+    fn new(bound: GuessBound, now: Nanos) -> Self {
+        Tally {
+            bucket: TokenBucket::new(bound.per_second, burst_duration(bound), now),
+            comparing: 0,
+        }
+    }
+
+    /// Whether the address's record says nothing a new one would not: its bucket
+    /// full, no guess under way.
+    fn idle(&self, now: Nanos) -> bool {
+        let level = self.bucket.level(now);
+        self.comparing == 0 && level.value >= level.capacity
+    }
+}
+
+/// The burst as the bucket takes it: long enough at `per_second` to hold `burst`
+/// tokens, rounded up to the millisecond (rounded down, 10 at 0.3 a second would
+/// hold 9).
+fn burst_duration(bound: GuessBound) -> Duration {
+    let ms = (f64::from(bound.burst) * 1e3 / bound.per_second).ceil();
+    Duration::from_millis(ms as u64)
+}
+
+/// The key an address is counted under: itself (an IPv4-mapped IPv6 address as the
+/// IPv4 one), an IPv6 address by its /64.
+fn key(peer: IpAddr) -> IpAddr {
+    match peer.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        v4 => v4,
+    }
+}
+
+/// Where a guess is counted.
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    Peer(IpAddr),
+    Overflow,
+}
+
+/// A guess being compared: [`wrong`](Self::wrong) charges its address; dropped
+/// otherwise (the token was right), it costs nothing.
+#[derive(Debug)]
+#[must_use = "a guess is charged only if found wrong"]
+pub(crate) struct Guess<'a> {
+    guesses: &'a Guesses,
+    place: Place,
+}
+
+impl Guess<'_> {
+    /// The token was wrong: its address is charged one, at `now`.
+    pub(crate) fn wrong(self, now: Nanos) {
+        let mut table = self.guesses.lock();
+        if let Some(tally) = table.tally(self.place) {
+            // Room was held for this guess since it began: the take finds a token.
+            let _ = tally.bucket.take(now);
+        }
+    }
+}
+
+impl Drop for Guess<'_> {
+    fn drop(&mut self) {
+        let mut table = self.guesses.lock();
+        if let Some(tally) = table.tally(self.place) {
+            tally.comparing = tally.comparing.saturating_sub(1);
+        }
+    }
+}
+
+impl Table {
+    fn tally(&mut self, place: Place) -> Option<&mut Tally> {
+        match place {
+            Place::Peer(key) => self.peers.get_mut(&key),
+            Place::Overflow => Some(&mut self.overflow),
+        }
+    }
+
+    /// Drops the idle addresses if any may be idle by `now`, and notes when the next
+    /// may be if none is: a client sending from many addresses at the cap does not
+    /// have every request walk the table.
+    fn make_room(&mut self, bound: GuessBound, now: Nanos) {
+        if now < self.no_room_until {
+            return;
+        }
+        self.peers.retain(|_, tally| !tally.idle(now));
+        if self.peers.len() < MAX_PEERS {
+            return;
+        }
+        let soonest = self
+            .peers
+            .values()
+            .map(|tally| {
+                let level = tally.bucket.level(now);
+                Duration::from_secs_f64((level.capacity - level.value).max(0.0) / bound.per_second)
+            })
+            .min()
+            .unwrap_or(Duration::ZERO);
+        self.no_room_until = now + soonest;
+    }
+}
+
+impl Guesses {
+    /// No guesses yet, bounded by `bound`.
+    pub(crate) fn new(bound: GuessBound) -> Self {
+        Guesses {
+            bound,
+            table: Mutex::new(Table {
+                peers: HashMap::new(),
+                overflow: Tally::new(bound, Nanos::ZERO),
+                no_room_until: Nanos::ZERO,
+            }),
+            wrong: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Begins the comparison of a token `peer` sent at `now`: the guess to charge if
+    /// it is wrong, or, if `peer`'s wrong tokens and those being compared already
+    /// take all its bucket holds, how long until one more fits (to be answered 429
+    /// with it, the token left uncompared).
+    pub(crate) fn begin(&self, peer: IpAddr, now: Nanos) -> Result<Guess<'_>, Duration> {
+        let key = key(peer);
+        let bound = self.bound;
+        let mut guard = self.lock();
+        let table = &mut *guard;
+        if !table.peers.contains_key(&key) && table.peers.len() >= MAX_PEERS {
+            table.make_room(bound, now);
+        }
+        let (place, tally) = if table.peers.contains_key(&key) || table.peers.len() < MAX_PEERS {
+            let tally = table
+                .peers
+                .entry(key)
+                .or_insert_with(|| Tally::new(bound, now));
+            (Place::Peer(key), tally)
+        } else {
+            (Place::Overflow, &mut table.overflow)
+        };
+        let room = tally.bucket.level(now).value - f64::from(tally.comparing);
+        if room < 1.0 {
+            drop(guard);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Duration::from_secs_f64((1.0 - room) / bound.per_second));
+        }
+        tally.comparing += 1;
+        Ok(Guess {
+            guesses: self,
+            place,
+        })
+    }
+
+    /// Counts a token compared and found wrong, whether its address is bounded or not.
+    pub(crate) fn found_wrong(&self) {
+        self.wrong.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tokens compared and found wrong, since the start.
+    pub(crate) fn wrong(&self) -> u64 {
+        self.wrong.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered 429 for their address's wrong tokens, since the start.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Addresses tracked one by one now.
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.lock().peers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: f64) -> Nanos {
+        Nanos::ZERO + Duration::from_secs_f64(secs)
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    /// Sends `n` wrong tokens from `peer` at `now`; how many were compared.
+    fn guess(guesses: &Guesses, peer: &str, n: usize, now: Nanos) -> usize {
+        (0..n)
+            .filter(|_| match guesses.begin(ip(peer), now) {
+                Ok(g) => {
+                    g.wrong(now);
+                    true
+                }
+                Err(_) => false,
+            })
+            .count()
+    }
+
+    #[test]
+    fn an_address_guesses_its_burst_then_one_a_second() {
+        let guesses = Guesses::new(GuessBound::default());
+        assert_eq!(guess(&guesses, "192.0.2.7", 15, at(0.0)), 10);
+        // Refused: when one more fits, one second on; the token was never compared.
+        let wait = guesses.begin(ip("192.0.2.7"), at(0.0)).unwrap_err();
+        assert_eq!(wait, Duration::from_secs(1));
+        let wait = guesses.begin(ip("192.0.2.7"), at(0.25)).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(750));
+        assert_eq!(guess(&guesses, "192.0.2.7", 3, at(1.0)), 1);
+        assert_eq!(guess(&guesses, "192.0.2.7", 3, at(4.0)), 3);
+        assert_eq!(guesses.refused(), 9);
+        // Another address has its own burst.
+        assert_eq!(guess(&guesses, "192.0.2.8", 15, at(4.0)), 10);
+    }
+
+    #[test]
+    fn a_right_token_costs_nothing() {
+        let guesses = Guesses::new(GuessBound::default());
+        for _ in 0..1000 {
+            let right = guesses.begin(ip("192.0.2.7"), at(0.0)).unwrap();
+            drop(right);
+        }
+        assert_eq!(guess(&guesses, "192.0.2.7", 15, at(0.0)), 10);
+    }
+
+    /// Guesses sent together, each still being compared, hold a token each: no more
+    /// begin than the bucket holds.
+    #[test]
+    fn guesses_under_way_hold_their_place() {
+        let guesses = Guesses::new(GuessBound::default());
+        let under_way: Vec<_> = (0..15)
+            .filter_map(|_| guesses.begin(ip("192.0.2.7"), at(0.0)).ok())
+            .collect();
+        assert_eq!(under_way.len(), 10);
+        for g in under_way {
+            g.wrong(at(0.0));
+        }
+        assert!(guesses.begin(ip("192.0.2.7"), at(0.0)).is_err());
+    }
+
+    #[test]
+    fn an_ipv6_address_is_counted_by_its_64() {
+        let guesses = Guesses::new(GuessBound::default());
+        assert_eq!(guess(&guesses, "2001:db8:0:1::1", 6, at(0.0)), 6);
+        assert_eq!(guess(&guesses, "2001:db8:0:1:ffff::9", 6, at(0.0)), 4);
+        assert_eq!(guess(&guesses, "2001:db8:0:2::1", 6, at(0.0)), 6);
+        // An IPv4-mapped address is its IPv4 one.
+        assert_eq!(guess(&guesses, "192.0.2.7", 6, at(0.0)), 6);
+        assert_eq!(guess(&guesses, "::ffff:192.0.2.7", 6, at(0.0)), 4);
+    }
+
+    #[test]
+    fn a_burst_is_whole_at_any_rate() {
+        let bound = GuessBound {
+            burst: 10,
+            per_second: 0.3,
+        };
+        let guesses = Guesses::new(bound);
+        assert_eq!(guess(&guesses, "192.0.2.7", 15, at(0.0)), 10);
+    }
+
+    /// At the cap, an address whose bucket has refilled makes room; while none has,
+    /// new addresses share the overflow bucket, so guessing from more addresses
+    /// gains nothing past it.
+    #[test]
+    fn at_the_cap_new_addresses_share_one_bucket_until_one_makes_room() {
+        let guesses = Guesses::new(GuessBound::default());
+        for i in 0..MAX_PEERS {
+            let peer = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 0xff, i & 0xff);
+            assert_eq!(guess(&guesses, &peer, 1, at(0.0)), 1);
+        }
+        assert_eq!(guesses.tracked(), MAX_PEERS);
+        let newcomers: usize = (0..20)
+            .map(|i| guess(&guesses, &format!("192.0.2.{i}"), 1, at(0.5)))
+            .sum();
+        assert_eq!(newcomers, 10, "the overflow bucket's burst, shared");
+        assert_eq!(guesses.tracked(), MAX_PEERS);
+        // One second on, every tracked bucket has refilled: a newcomer has a place.
+        assert_eq!(guess(&guesses, "198.51.100.1", 15, at(1.0)), 10);
+        assert_eq!(guesses.tracked(), 1);
+    }
+}
