@@ -88,6 +88,8 @@ async fn start_from(
         built.shutdown_grace = Duration::from_secs(2);
         built.admin_token = token.map(rocgate::config::Secret::from);
         built.admin_allowed_hosts = config.server.admin_allowed_hosts.clone();
+        built.admin_wrong_tokens_burst = config.server.admin_wrong_tokens_burst;
+        built.admin_wrong_tokens_per_second = config.server.admin_wrong_tokens_per_second;
         built.forward.connect_timeout = Duration::from_millis(200);
         built.forward.response_timeout = Duration::from_secs(1);
         built.forward.max_body_bytes = 1024;
@@ -965,6 +967,26 @@ async fn a_client_sending_wrong_tokens_is_bounded_and_the_operator_is_not() {
         let series = format!("rocgate_admin_refused_total{{reason=\"{reason}\"}}");
         assert!(metrics.contains(&series), "{series} in {metrics}");
     }
+    p.stop().await;
+}
+
+/// `[admin] wrong_tokens_burst` and `wrong_tokens_per_second` set the bound: 2 at
+/// once, then one every 10 seconds.
+#[tokio::test]
+async fn the_bound_on_wrong_tokens_is_the_configs() {
+    let clock = Arc::new(ManualClock::new());
+    let text =
+        format!("{CONFIG}\n[admin]\nwrong_tokens_burst = 2\nwrong_tokens_per_second = 0.1\n");
+    let (p, _) = start_on(Some("s3cret"), &text, Some(clock.clone())).await;
+    let headers = [("host", "evil.example"), ("authorization", "Bearer guess")];
+    let guess = || call_with(p.admin, "GET", "/admin/routes", Vec::new(), &headers);
+    assert_eq!(guess().await.0, 403);
+    assert_eq!(guess().await.0, 403);
+    assert_eq!(guess().await.0, 429);
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(guess().await.0, 429);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(guess().await.0, 403);
     p.stop().await;
 }
 

@@ -4527,3 +4527,50 @@ fn admin_allowed_hosts_takes_host_names_alone() {
         "{e}"
     );
 }
+
+/// `[admin] wrong_tokens_burst` and `wrong_tokens_per_second` bound the wrong bearer
+/// tokens a client address may send: 10 and 1 by default, set in the file or the
+/// environment, refused outside their bounds naming the field.
+#[test]
+fn admin_wrong_tokens_are_read_and_bounded() {
+    let c = Config::from_toml_str(&route(""), "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            c.server.admin_wrong_tokens_burst,
+            c.server.admin_wrong_tokens_per_second
+        ),
+        (10, 1.0)
+    );
+    let text = route("[admin]\nwrong_tokens_burst = 3\nwrong_tokens_per_second = 0.2");
+    let c = Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            c.server.admin_wrong_tokens_burst,
+            c.server.admin_wrong_tokens_per_second
+        ),
+        (3, 0.2)
+    );
+    let env = [(
+        "ROCGATE__ADMIN__WRONG_TOKENS_BURST".to_owned(),
+        "5".to_owned(),
+    )];
+    let c = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.admin_wrong_tokens_burst, 5);
+    refused(
+        &route("[admin]\nwrong_tokens_burst = 0"),
+        "admin.wrong_tokens_burst",
+        "must be at least 1, got 0",
+    );
+    refused(
+        &route("[admin]\nwrong_tokens_burst = 10001"),
+        "admin.wrong_tokens_burst",
+        "must be at most 10000, got 10001",
+    );
+    for bad in ["0", "0.001", "-1", "1001"] {
+        refused(
+            &route(&format!("[admin]\nwrong_tokens_per_second = {bad}")),
+            "admin.wrong_tokens_per_second",
+            &format!("must be from 0.01 to 1000, got {bad}"),
+        );
+    }
+}

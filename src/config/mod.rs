@@ -1325,6 +1325,12 @@ pub struct ServerConfig {
     /// dot): one naming any other host is refused, as a web page's through a name
     /// re-bound to 127.0.0.1 (DNS rebinding) would be.
     pub admin_allowed_hosts: Vec<String>,
+    /// Wrong bearer tokens a client address may send to the admin API at once (at
+    /// least 1); past them, and the rate below, a request with a token gets 429.
+    pub admin_wrong_tokens_burst: u32,
+    /// Wrong bearer tokens a client address may send to the admin API per second once
+    /// its burst is spent.
+    pub admin_wrong_tokens_per_second: f64,
 }
 
 impl ServerConfig {
@@ -1365,6 +1371,8 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             admin_allowed_hosts: Vec::new(),
+            admin_wrong_tokens_burst: 10,
+            admin_wrong_tokens_per_second: 1.0,
         }
     }
 }

@@ -259,6 +259,8 @@ struct RawAdmin {
     listen: Option<String>,
     token: Option<TokenText>,
     allowed_hosts: Option<TextList<HostNames>>,
+    wrong_tokens_burst: Option<Whole>,
+    wrong_tokens_per_second: Option<Num>,
 }
 
 /// `[hints]`: what the tuning hints keep and call saturated.
@@ -3250,8 +3252,39 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             allowed_host(text).map(|h| out.admin_allowed_hosts.push(h)),
         );
     }
+    if let Some(w) = admin.wrong_tokens_burst {
+        field(
+            p,
+            "admin.wrong_tokens_burst",
+            count_within(w, 1, MAX_WRONG_TOKENS_BURST).map(|n| {
+                out.admin_wrong_tokens_burst = u32::try_from(n).unwrap_or(u32::MAX);
+            }),
+        );
+    }
+    if let Some(Num(v)) = admin.wrong_tokens_per_second {
+        let checked = if (MIN_WRONG_TOKENS_PER_SECOND..=MAX_WRONG_TOKENS_PER_SECOND).contains(&v) {
+            out.admin_wrong_tokens_per_second = v;
+            Ok(())
+        } else {
+            Err(format!(
+                "must be from {} to {}, got {}",
+                figure(MIN_WRONG_TOKENS_PER_SECOND),
+                figure(MAX_WRONG_TOKENS_PER_SECOND),
+                figure(v)
+            ))
+        };
+        field(p, "admin.wrong_tokens_per_second", checked);
+    }
     out
 }
+
+/// The most `[admin] wrong_tokens_burst` may be.
+const MAX_WRONG_TOKENS_BURST: usize = 10_000;
+/// The least `[admin] wrong_tokens_per_second` may be: one a 100 s, so that the
+/// longest burst refills within the 49 days a bucket's burst is kept to.
+const MIN_WRONG_TOKENS_PER_SECOND: f64 = 0.01;
+/// The most `[admin] wrong_tokens_per_second` may be.
+const MAX_WRONG_TOKENS_PER_SECOND: f64 = 1_000.0;
 
 /// An `[admin] allowed_hosts` entry: a host name alone, as a request's `Host` names it
 /// without its port, lower-cased and without a trailing dot (the admin API compares it

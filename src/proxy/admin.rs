@@ -1479,7 +1479,9 @@ mod tests {
             refusals: Arc::default(),
             allowed_hosts: Arc::new([]),
             host_refusals: Arc::default(),
-            guesses: Arc::new(super::super::guesses::Guesses::new(Default::default())),
+            guesses: Arc::new(super::super::guesses::Guesses::new(
+                super::super::guesses::GuessBound::by_default(),
+            )),
             metrics: Arc::new(Exporter {
                 handle: metrics_exporter_prometheus::PrometheusBuilder::new()
                     .build_recorder()

@@ -44,14 +44,15 @@ pub(crate) struct GuessBound {
     pub(crate) per_second: f64,
 }
 
-impl Default for GuessBound {
-    /// 10 at once, then one a second: a person who mistypes the token, or a script
-    /// sent with an old one, is not held up; a guesser gets 86,400 guesses a day
-    /// from an address, where it had as many as the wire carried.
-    fn default() -> Self {
+impl GuessBound {
+    /// The bound `[admin]` sets when it leaves `wrong_tokens_burst` and
+    /// `wrong_tokens_per_second` out: 10 at once, then one a second.
+    #[cfg(test)]
+    pub(crate) fn by_default() -> Self {
+        let server = crate::config::ServerConfig::default();
         GuessBound {
-            burst: 10,
-            per_second: 1.0,
+            burst: server.admin_wrong_tokens_burst,
+            per_second: server.admin_wrong_tokens_per_second,
         }
     }
 }
@@ -286,7 +287,7 @@ mod tests {
 
     #[test]
     fn an_address_guesses_its_burst_then_one_a_second() {
-        let guesses = Guesses::new(GuessBound::default());
+        let guesses = Guesses::new(GuessBound::by_default());
         assert_eq!(guess(&guesses, "192.0.2.7", 15, at(0.0)), 10);
         // Refused: when one more fits, one second on; the token was never compared.
         let wait = guesses.begin(ip("192.0.2.7"), at(0.0)).unwrap_err();
@@ -302,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_right_token_costs_nothing() {
-        let guesses = Guesses::new(GuessBound::default());
+        let guesses = Guesses::new(GuessBound::by_default());
         for _ in 0..1000 {
             let right = guesses.begin(ip("192.0.2.7"), at(0.0)).unwrap();
             drop(right);
@@ -314,7 +315,7 @@ mod tests {
     /// begin than the bucket holds.
     #[test]
     fn guesses_under_way_hold_their_place() {
-        let guesses = Guesses::new(GuessBound::default());
+        let guesses = Guesses::new(GuessBound::by_default());
         let under_way: Vec<_> = (0..15)
             .filter_map(|_| guesses.begin(ip("192.0.2.7"), at(0.0)).ok())
             .collect();
@@ -327,7 +328,7 @@ mod tests {
 
     #[test]
     fn an_ipv6_address_is_counted_by_its_64() {
-        let guesses = Guesses::new(GuessBound::default());
+        let guesses = Guesses::new(GuessBound::by_default());
         assert_eq!(guess(&guesses, "2001:db8:0:1::1", 6, at(0.0)), 6);
         assert_eq!(guess(&guesses, "2001:db8:0:1:ffff::9", 6, at(0.0)), 4);
         assert_eq!(guess(&guesses, "2001:db8:0:2::1", 6, at(0.0)), 6);
@@ -351,7 +352,7 @@ mod tests {
     /// gains nothing past it.
     #[test]
     fn at_the_cap_new_addresses_share_one_bucket_until_one_makes_room() {
-        let guesses = Guesses::new(GuessBound::default());
+        let guesses = Guesses::new(GuessBound::by_default());
         for i in 0..MAX_PEERS {
             let peer = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 0xff, i & 0xff);
             assert_eq!(guess(&guesses, &peer, 1, at(0.0)), 1);

@@ -102,6 +102,12 @@ pub struct ProxySettings {
     /// admin API from loopback may carry in `Host` (lower-case, without a trailing
     /// dot); see [`ServerConfig::admin_allowed_hosts`].
     pub admin_allowed_hosts: Vec<String>,
+    /// Wrong bearer tokens a client address may send to the admin API at once; see
+    /// [`ServerConfig::admin_wrong_tokens_burst`].
+    pub admin_wrong_tokens_burst: u32,
+    /// Wrong bearer tokens a client address may send to the admin API per second past
+    /// its burst; see [`ServerConfig::admin_wrong_tokens_per_second`].
+    pub admin_wrong_tokens_per_second: f64,
     /// The longest a lingering close reads what the client still sends, in all
     /// (nginx's `lingering_time`): an HTTP/1.1 connection closed after an answer that
     /// left its request's body unread (a 429, a 413) reads and throws away the rest,
@@ -144,6 +150,8 @@ impl ProxySettings {
             idle_timeout: server.idle_timeout,
             admin_token: server.admin_token.clone(),
             admin_allowed_hosts: server.admin_allowed_hosts.clone(),
+            admin_wrong_tokens_burst: server.admin_wrong_tokens_burst,
+            admin_wrong_tokens_per_second: server.admin_wrong_tokens_per_second,
             lingering_time: server.lingering_time,
             lingering_timeout: server.lingering_timeout,
             lingering_bytes: LINGERING_BYTES,
@@ -651,6 +659,8 @@ fn needing_restart(started: &Config, next: &Config, held: &HeldByFlags) -> Vec<&
         admin_listen: a.admin_listen,
         admin_token: None,
         admin_allowed_hosts: Vec::new(),
+        admin_wrong_tokens_burst: 0,
+        admin_wrong_tokens_per_second: 0.0,
         ..s.clone()
     };
     [
@@ -658,7 +668,9 @@ fn needing_restart(started: &Config, next: &Config, held: &HeldByFlags) -> Vec<&
         (
             "[admin]",
             (a.admin_listen, &a.admin_token, &a.admin_allowed_hosts)
-                != (b.admin_listen, &b.admin_token, &b.admin_allowed_hosts),
+                != (b.admin_listen, &b.admin_token, &b.admin_allowed_hosts)
+                || (a.admin_wrong_tokens_burst, a.admin_wrong_tokens_per_second)
+                    != (b.admin_wrong_tokens_burst, b.admin_wrong_tokens_per_second),
         ),
         ("[hints]", started.hints != next.hints),
         ("[store]", started.store != next.store),
@@ -963,7 +975,10 @@ impl Proxy {
             allowed_hosts: self.settings.admin_allowed_hosts.clone().into(),
             via,
             host_refusals: Arc::default(),
-            guesses: Arc::new(guesses::Guesses::new(guesses::GuessBound::default())),
+            guesses: Arc::new(guesses::Guesses::new(guesses::GuessBound {
+                burst: self.settings.admin_wrong_tokens_burst,
+                per_second: self.settings.admin_wrong_tokens_per_second,
+            })),
             answering: Arc::default(),
             refusals: Arc::default(),
             metrics: Arc::new(admin::Exporter {
