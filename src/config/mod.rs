@@ -9,6 +9,9 @@ mod raw;
 mod secret;
 pub use raw::figure;
 pub(crate) use raw::{check_burst, check_route, EVENT_SETTINGS, LONGEST_RESTORE};
+pub(crate) use raw::{
+    MAX_WRONG_TOKENS_BURST, MAX_WRONG_TOKENS_PER_SECOND, MIN_WRONG_TOKENS_PER_SECOND,
+};
 
 pub use load::{env_name_shown, ConfigError, Problem};
 pub use secret::Secret;

@@ -3279,12 +3279,12 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
 }
 
 /// The most `[admin] wrong_tokens_burst` may be.
-const MAX_WRONG_TOKENS_BURST: usize = 10_000;
+pub(crate) const MAX_WRONG_TOKENS_BURST: usize = 10_000;
 /// The least `[admin] wrong_tokens_per_second` may be: one a 100 s, so that the
 /// longest burst refills within the 49 days a bucket's burst is kept to.
-const MIN_WRONG_TOKENS_PER_SECOND: f64 = 0.01;
+pub(crate) const MIN_WRONG_TOKENS_PER_SECOND: f64 = 0.01;
 /// The most `[admin] wrong_tokens_per_second` may be.
-const MAX_WRONG_TOKENS_PER_SECOND: f64 = 1_000.0;
+pub(crate) const MAX_WRONG_TOKENS_PER_SECOND: f64 = 1_000.0;
 
 /// An `[admin] allowed_hosts` entry: a host name alone, as a request's `Host` names it
 /// without its port, lower-cased and without a trailing dot (the admin API compares it

@@ -186,8 +186,23 @@ impl Table {
 }
 
 impl Guesses {
-    /// No guesses yet, bounded by `bound`.
+    /// No guesses yet, bounded by `bound` held to the range the config takes
+    /// (`[admin] wrong_tokens_burst` and `wrong_tokens_per_second`): a bound built by
+    /// hand with no rate, or one that is not a number, would have no wait to answer.
     pub(crate) fn new(bound: GuessBound) -> Self {
+        let most_burst = u32::try_from(crate::config::MAX_WRONG_TOKENS_BURST).unwrap_or(u32::MAX);
+        let per_second = if bound.per_second.is_nan() {
+            crate::config::MIN_WRONG_TOKENS_PER_SECOND
+        } else {
+            bound.per_second.clamp(
+                crate::config::MIN_WRONG_TOKENS_PER_SECOND,
+                crate::config::MAX_WRONG_TOKENS_PER_SECOND,
+            )
+        };
+        let bound = GuessBound {
+            burst: bound.burst.clamp(1, most_burst),
+            per_second,
+        };
         Guesses {
             bound,
             table: Mutex::new(Table {
@@ -345,6 +360,22 @@ mod tests {
         };
         let guesses = Guesses::new(bound);
         assert_eq!(guess(&guesses, "192.0.2.7", 15, at(0.0)), 10);
+    }
+
+    /// A bound built by hand, outside what the config takes (no refill, none at once,
+    /// not a number), is held to the config's range: the guess past it is answered
+    /// with a wait, where dividing by a rate of zero panicked.
+    #[test]
+    fn a_bound_outside_the_configs_range_is_held_to_it() {
+        for per_second in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let guesses = Guesses::new(GuessBound {
+                burst: 0,
+                per_second,
+            });
+            assert_eq!(guess(&guesses, "192.0.2.7", 3, at(0.0)), 1, "{per_second}");
+            let wait = guesses.begin(ip("192.0.2.7"), at(0.0)).unwrap_err();
+            assert!(wait > Duration::ZERO, "{per_second}: {wait:?}");
+        }
     }
 
     /// At the cap, an address whose bucket has refilled makes room; while none has,

@@ -102,11 +102,13 @@ pub struct ProxySettings {
     /// admin API from loopback may carry in `Host` (lower-case, without a trailing
     /// dot); see [`ServerConfig::admin_allowed_hosts`].
     pub admin_allowed_hosts: Vec<String>,
-    /// Wrong bearer tokens a client address may send to the admin API at once; see
+    /// Wrong bearer tokens a client address may send to the admin API at once, taken
+    /// from 1 to 10000 as the config bounds it (0 is 1); see
     /// [`ServerConfig::admin_wrong_tokens_burst`].
     pub admin_wrong_tokens_burst: u32,
     /// Wrong bearer tokens a client address may send to the admin API per second past
-    /// its burst; see [`ServerConfig::admin_wrong_tokens_per_second`].
+    /// its burst, taken from 0.01 to 1000 as the config bounds it (0, or no number, is
+    /// 0.01); see [`ServerConfig::admin_wrong_tokens_per_second`].
     pub admin_wrong_tokens_per_second: f64,
     /// The longest a lingering close reads what the client still sends, in all
     /// (nginx's `lingering_time`): an HTTP/1.1 connection closed after an answer that
