@@ -612,8 +612,8 @@ fn an_admin_api_beyond_loopback_without_a_token_is_warned_of() {
 
 /// With a token shorter than 16 bytes, an admin API beyond loopback is warned of at
 /// start, naming the token's length and never the token: anyone who reaches the API
-/// may try tokens, one a second from each address past its first 10, and more from
-/// more addresses. A longer
+/// may try tokens, by default one a second from each address past its first 10 (the
+/// warning says so), and more from more addresses. A longer
 /// token, or an API on loopback, is not warned of.
 #[test]
 fn an_admin_api_beyond_loopback_with_a_short_token_is_warned_of() {
@@ -622,20 +622,49 @@ fn an_admin_api_beyond_loopback_with_a_short_token_is_warned_of() {
     let line = log.lines().find(|l| l.contains(short));
     let line = line.unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains(" WARN "), "{line}");
+    assert!(
+        line.contains("1 a second from each address past its first 10"),
+        "{line}"
+    );
     assert!(!log.contains("s3cr3t"), "{log}");
     assert!(!serve_warned("127.0.0.1:0", Some("s3cr3t")).contains("a token of"));
     let long = "0123456789abcdef";
     assert!(!serve_warned("0.0.0.0:0", Some(long)).contains("a token of"));
 }
 
+/// The short token's warning names the bound on wrong tokens the config sets (here
+/// from the environment), not the default's.
+#[test]
+fn the_short_token_warning_names_the_configured_bound_on_guesses() {
+    let env = [
+        ("ROCGATE__ADMIN__WRONG_TOKENS_BURST", "50"),
+        ("ROCGATE__ADMIN__WRONG_TOKENS_PER_SECOND", "0.5"),
+    ];
+    let log = serve_warned_with("0.0.0.0:0", Some("s3cr3t"), &env);
+    let line = log.lines().find(|l| l.contains("a token of 6 bytes"));
+    let line = line.unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("0.5 a second from each address past its first 50"),
+        "{line}"
+    );
+}
+
 /// What `serve` logs at start with its admin API on `admin`, with `token` as
 /// `[admin] token` (from the environment) or none, stopped once it listens.
 fn serve_warned(admin: &str, token: Option<&str>) -> String {
+    serve_warned_with(admin, token, &[])
+}
+
+/// [`serve_warned`], with `env` set besides.
+fn serve_warned_with(admin: &str, token: Option<&str>, env: &[(&str, &str)]) -> String {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rocgate"));
     command
         .args(["serve", "--listen", "127.0.0.1:0", "--admin", admin])
         .args(["--upstream", "http://127.0.0.1:1"])
         .env_remove("ROCGATE__ADMIN__TOKEN")
+        .env_remove("ROCGATE__ADMIN__WRONG_TOKENS_BURST")
+        .env_remove("ROCGATE__ADMIN__WRONG_TOKENS_PER_SECOND")
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null());

@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// The shortest `[admin] token` not warned of at start when the admin API listens
-/// beyond loopback: anyone who reaches it may try tokens, one a second from each
-/// address past its first 10, and more from more addresses.
+/// beyond loopback: anyone who reaches it may try tokens, `[admin]
+/// wrong_tokens_per_second` from each address past its first `wrong_tokens_burst`
+/// (one a second past 10 by default), and more from more addresses.
 const SHORT_TOKEN_BYTES: usize = 16;
 
 /// The proxy settings: the file's, then the command line's overrides.
@@ -215,8 +216,10 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             Some(token) if beyond_loopback && token.expose().len() < SHORT_TOKEN_BYTES => {
                 tracing::warn!(
                     admin = %settings.admin_listen,
-                    "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens, one a second from each address past its first 10 and more from more addresses; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
-                    token.expose().len()
+                    "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens, {} a second from each address past its first {} and more from more addresses; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
+                    token.expose().len(),
+                    rocgate::config::figure(settings.admin_wrong_tokens_per_second),
+                    settings.admin_wrong_tokens_burst
                 );
             }
             _ => {}
