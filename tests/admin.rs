@@ -602,6 +602,17 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
         serde_json::json!(["[admin]"]),
         "{body}"
     );
+    // So is the bound on wrong tokens, each of its two fields.
+    for bound in ["wrong_tokens_burst = 20", "wrong_tokens_per_second = 2"] {
+        std::fs::write(&p.file, format!("{CONFIG}\n[admin]\n{bound}\n")).unwrap();
+        let (status, body) = call(p.admin, "POST", "/admin/reload", "", None).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["restart_required"],
+            serde_json::json!(["[admin]"]),
+            "{bound}: {body}"
+        );
+    }
     p.stop().await;
 }
 
