@@ -13,7 +13,9 @@
 //! address is counted by its /64, the block one host is usually given: an attacker
 //! with a /64 has 2⁶⁴ addresses to guess from. At most [`MAX_PEERS`] addresses are
 //! tracked; one whose bucket has refilled, with no guess being compared, carries
-//! nothing and is dropped to make room. When every place is taken by an address still
+//! nothing and is dropped to make room, the table walked for such ones at most ten
+//! times a second (a place freed is taken up to a tenth of a second late, where a
+//! walk at each new address read 4,096 buckets under the lock). When every place is taken by an address still
 //! owed tokens, a new address guesses on one overflow bucket that all such addresses
 //! share: the bound then falls on the newcomers together, never lifts. The caller
 //! leaves out who is never bounded (the operator on the host, see
@@ -75,6 +77,9 @@ struct Table {
     overflow: Tally,
     /// No tracked address can be dropped before then (see [`Table::make_room`]).
     no_room_until: Nanos,
+    /// Walks of the table made to make room, since the start.
+    #[cfg(test)]
+    walks: usize,
 }
 
 /// One address's bucket, and its guesses being compared.
@@ -90,13 +95,6 @@ impl Tally {
             bucket: TokenBucket::new(bound.per_second, burst_duration(bound), now),
             comparing: 0,
         }
-    }
-
-    /// Whether the address's record says nothing a new one would not: its bucket
-    /// full, no guess under way.
-    fn idle(&self, now: Nanos) -> bool {
-        let level = self.bucket.level(now);
-        self.comparing == 0 && level.value >= level.capacity
     }
 }
 
@@ -161,29 +159,42 @@ impl Table {
         }
     }
 
-    /// Drops the idle addresses if any may be idle by `now`, and notes when the next
-    /// may be if none is: a client sending from many addresses at the cap does not
-    /// have every request walk the table.
+    /// Drops the idle addresses (bucket full, no guess under way: the record says
+    /// nothing a new one would not) if any may be idle by `now`, in one walk of the
+    /// table, and notes when the next walk may be: [`WALKS_APART`] on, or, if none was
+    /// idle, when the first may be. A client sending from many addresses at the cap,
+    /// freeing a place each millisecond, has the table walked ten times a second, not
+    /// at each new address; a place is then taken up to [`WALKS_APART`] late.
     fn make_room(&mut self, bound: GuessBound, now: Nanos) {
         if now < self.no_room_until {
             return;
         }
-        self.peers.retain(|_, tally| !tally.idle(now));
-        if self.peers.len() < MAX_PEERS {
-            return;
+        #[cfg(test)]
+        {
+            self.walks += 1;
         }
-        let soonest = self
-            .peers
-            .values()
-            .map(|tally| {
-                let level = tally.bucket.level(now);
-                Duration::from_secs_f64((level.capacity - level.value).max(0.0) / bound.per_second)
-            })
-            .min()
-            .unwrap_or(Duration::ZERO);
-        self.no_room_until = now + soonest;
+        let mut soonest = Duration::MAX;
+        self.peers.retain(|_, tally| {
+            let level = tally.bucket.level(now);
+            let idle = tally.comparing == 0 && level.value >= level.capacity;
+            if !idle {
+                let owed = (level.capacity - level.value).max(0.0) / bound.per_second;
+                soonest = soonest.min(Duration::from_secs_f64(owed));
+            }
+            !idle
+        });
+        let next = if self.peers.len() < MAX_PEERS {
+            Duration::ZERO
+        } else {
+            soonest
+        };
+        self.no_room_until = now + next.max(WALKS_APART);
     }
 }
+
+/// The least time between two walks of the table at the cap ([`Table::make_room`]):
+/// each reads every bucket under the lock every guess takes.
+const WALKS_APART: Duration = Duration::from_millis(100);
 
 impl Guesses {
     /// No guesses yet, bounded by `bound` held to the range the config takes
@@ -209,6 +220,8 @@ impl Guesses {
                 peers: HashMap::new(),
                 overflow: Tally::new(bound, Nanos::ZERO),
                 no_room_until: Nanos::ZERO,
+                #[cfg(test)]
+                walks: 0,
             }),
             wrong: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -360,6 +373,37 @@ mod tests {
         };
         let guesses = Guesses::new(bound);
         assert_eq!(guess(&guesses, "192.0.2.7", 15, at(0.0)), 10);
+    }
+
+    /// A client guessing from more addresses than are tracked, so that one of its
+    /// places frees each millisecond, has the table walked ten times a second, where
+    /// it was walked at each new address: every walk reads all 4,096 buckets under
+    /// the lock that every guess takes.
+    #[test]
+    fn at_the_cap_the_table_is_walked_a_few_times_a_second() {
+        let guesses = Guesses::new(GuessBound::by_default());
+        let ms = |i: usize| Nanos::ZERO + Duration::from_millis(i as u64);
+        for i in 0..MAX_PEERS {
+            let peer = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 0xff, i & 0xff);
+            assert_eq!(guess(&guesses, &peer, 1, ms(i)), 1);
+        }
+        // From one second on, address i's bucket is full again at i ms past it.
+        let newcomers: usize = (1000..2000)
+            .map(|i| {
+                guess(
+                    &guesses,
+                    &format!("172.16.{}.{}", i >> 8, i & 0xff),
+                    1,
+                    ms(i),
+                )
+            })
+            .sum();
+        assert_eq!(guesses.tracked(), MAX_PEERS);
+        // The first tenth of a second shares the overflow bucket's 10; from then on,
+        // each newcomer has a place the walk before freed.
+        assert!(newcomers >= 900, "{newcomers} newcomers guessed");
+        let walks = guesses.lock().walks;
+        assert!(walks <= 11, "{walks} walks of the table in a second");
     }
 
     /// A bound built by hand, outside what the config takes (no refill, none at once,
