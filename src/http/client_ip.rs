@@ -275,7 +275,21 @@ impl Fallback {
 }
 
 /// The entry a walk ended at ([`ClientIpResolver::walk`]).
+///
+/// Only a walk makes one, and it may come to say more of the entry (where in the
+/// header it was), so a pattern outside rocgate names the fields it reads and ends
+/// with `..`; one that names only these two does not compile:
+///
+/// ```compile_fail,E0638
+/// use rocgate::http::EndedAt;
+///
+/// fn entry(ended: EndedAt<'_>) -> &[u8] {
+///     let EndedAt { reason: _, entry } = ended;
+///     entry
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EndedAt<'h> {
     /// Why it names no address.
     pub reason: Fallback,
