@@ -1666,6 +1666,87 @@ async fn serve_sweeps_idle_keys_apart_from_requests() {
     );
 }
 
+/// `Proxy::run` stops its sweeper, whose drop joins the sweeper's thread and so waits
+/// for a sweep under way, without blocking the async worker it runs on: on a runtime
+/// of one worker, with the sweeper held in a pass until a task of that runtime lets it
+/// go, shutdown completes. Before, the join blocked the only worker, the task that was
+/// to let the pass go never ran again, and shutdown never completed.
+#[test]
+fn serve_stops_its_sweeper_without_blocking_the_async_worker() {
+    use rocgate::clock::{Clock, ManualClock, Nanos};
+    use std::sync::Condvar;
+
+    /// A manual clock that holds the sweeper thread's first read until released,
+    /// saying when it holds it.
+    struct HoldsTheSweeper {
+        clock: ManualClock,
+        held: Mutex<Option<oneshot::Sender<()>>>,
+        released: (Mutex<bool>, Condvar),
+    }
+    impl HoldsTheSweeper {
+        fn release(&self) {
+            *self.released.0.lock().unwrap() = true;
+            self.released.1.notify_all();
+        }
+    }
+    impl Clock for HoldsTheSweeper {
+        fn now(&self) -> Nanos {
+            if std::thread::current().name() == Some("rocgate-sweeper") {
+                if let Some(held) = self.held.lock().unwrap().take() {
+                    let _ = held.send(());
+                    let (released, freed) = &self.released;
+                    let mut released = released.lock().unwrap();
+                    while !*released {
+                        released = freed.wait(released).unwrap();
+                    }
+                }
+            }
+            self.clock.now()
+        }
+    }
+
+    let (held, sweeper_held) = oneshot::channel();
+    let clock = Arc::new(HoldsTheSweeper {
+        clock: ManualClock::new(),
+        held: Mutex::new(Some(held)),
+        released: (Mutex::new(false), Condvar::new()),
+    });
+    let (done, finished) = std::sync::mpsc::channel();
+    let served = Arc::clone(&clock);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let upstream = start_upstream().await;
+            let mut route = RouteConfig::new("swept_at_shutdown", RouteMatch::prefix("/"));
+            route.partition = Partition::ClientIp(KeyLimits::default());
+            let proxy = running::start_proxy_with_clock(
+                settings(upstream.addr),
+                vec![route],
+                Arc::clone(&served) as Arc<dyn Clock>,
+            )
+            .await;
+            sweeper_held.await.unwrap();
+            let run = proxy.shut_down();
+            // Time for `run` to reach the sweeper; this task runs again only if `run`
+            // waits for the sweeper's thread without holding the worker.
+            sleep(Duration::from_millis(100)).await;
+            served.release();
+            run.await.unwrap().unwrap();
+        });
+        let _ = done.send(());
+    });
+    let shut_down = finished.recv_timeout(Duration::from_secs(10));
+    // Should it have blocked, the sweeper is let go, for the thread to end.
+    clock.release();
+    assert!(
+        shut_down.is_ok(),
+        "shutdown did not complete in 10 s: the sweeper's drop blocked the only worker"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_idle_for_upstream_idle_timeout_opens_a_new_connection() {
     use rocgate::clock::ManualClock;

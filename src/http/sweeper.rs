@@ -25,7 +25,8 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// waiting for the route's sweep (about 20 ms at 1,000,000 keys).
 ///
 /// It needs no async runtime. Dropping it stops the thread (waiting for a sweep under
-/// way) and sets the engine in force back to sweeping in requests, so that its idle
+/// way, which blocks: in async code, drop it on a blocking thread,
+/// `tokio::task::spawn_blocking(move || drop(sweeper))`, as `rocgate serve` does) and sets the engine in force back to sweeping in requests, so that its idle
 /// keys are still evicted: it and the engines reloaded from it share the setting, so
 /// a reload under way then puts in force an engine that sweeps in requests too. A pass that panics (a bug, which the panic hook prints) is
 /// left behind: the sweeps it ran are not tried again before their next time, and the

@@ -23,7 +23,8 @@
 //! to `shutdown_grace` to finish. An admitted HTTP/1.1 upgrade (WebSocket) that the
 //! upstream accepts becomes a tunnel between the two connections (`tunnel`), closed
 //! once nothing crosses it for `idle_timeout`. The partitioned routes' idle keys are
-//! swept on a thread of their own ([`Sweeper`]), stopped when serving ends.
+//! swept on a thread of their own ([`Sweeper`]), stopped when serving ends (on a
+//! blocking thread, so that a sweep under way holds up no async worker).
 
 mod admin;
 mod connections;
@@ -1422,7 +1423,11 @@ impl Proxy {
         let _ = admin_stop.send(());
         let _ = admin.await;
         upkeep.abort();
-        drop(sweeper);
+        // Dropping it joins its thread, which may be in a sweep (about 20 ms at
+        // 1,000,000 keys): a blocking wait, kept off this task's worker.
+        if let Some(sweeper) = sweeper {
+            let _ = tokio::task::spawn_blocking(move || drop(sweeper)).await;
+        }
         #[cfg(feature = "redis")]
         if let Some(store) = &self.store {
             store.leave().await;
