@@ -362,6 +362,7 @@ impl ControllerMemory {
     /// `now` ([`Controller::from_memory`] at `now`). Its limit carried as it was could
     /// stand above `to`'s base and end the restore at once. The other states are kept
     /// as they are: their limit follows from the state.
+    #[must_use]
     pub fn carried_across(
         mut self,
         from: &ControllerParams,

@@ -701,6 +701,7 @@ impl Collector {
 
     /// A collector that leaves the `rocgate_store_*` metrics to a shared store
     /// (otherwise it reports the local store).
+    #[must_use]
     pub fn with_shared_store(mut self) -> Self {
         self.shared_store = true;
         self
@@ -716,6 +717,7 @@ impl Collector {
     /// same address, as a local recorder on the stack may be, so a collector used
     /// under [`metrics::with_local_recorder`] should be a [`new`](Self::new) one,
     /// which registers its series at every collection.
+    #[must_use]
     pub fn for_global_recorder(mut self) -> Self {
         self.keep_handles = true;
         self

@@ -476,6 +476,7 @@ impl Schedule {
 
     /// The schedule on another clock, whose time is `there` where this one's is
     /// `here` (a shared store's, which steps the controller on its own time).
+    #[must_use]
     pub fn on_clock(mut self, here: Nanos, there: Nanos) -> Self {
         let moved = |t: Nanos| {
             Nanos::new(

@@ -1061,12 +1061,14 @@ impl Engine {
     }
 
     /// Calls `hook` with every controller transition (for metrics, logs, simulation).
+    #[must_use]
     pub fn with_transition_hook(mut self, hook: TransitionHook) -> Self {
         self.hook = Some(hook);
         self
     }
 
     /// Calls `hook` with every completed slot's ROC (for the ROC histogram).
+    #[must_use]
     pub fn with_sample_hook(mut self, hook: SampleHook) -> Self {
         self.sample_hook = Some(hook);
         self

@@ -128,6 +128,7 @@ impl FleetDemand {
     /// This figure and `other` as one: the means weighted by the seconds each
     /// measured (the higher mean where neither measured any: a single answer taken
     /// at once), the higher peak, the seconds added.
+    #[must_use]
     pub fn fold(self, other: FleetDemand) -> FleetDemand {
         let (a, b) = (self.measured_s, other.measured_s);
         let mean = if a + b > 0.0 {

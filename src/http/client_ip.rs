@@ -84,6 +84,7 @@ impl ClientIpResolver {
     /// the addresses (`0`, the default: the trusted networks decide). Every peer is
     /// then a proxy, so rocgate must be reachable only through those proxies; the
     /// trusted networks are not consulted.
+    #[must_use]
     pub fn with_trusted_hops(mut self, hops: usize) -> Self {
         self.hops = hops;
         self
@@ -96,6 +97,7 @@ impl ClientIpResolver {
     }
 
     /// Reads `header` from the trusted proxies instead (and only it).
+    #[must_use]
     pub fn with_header(mut self, header: ClientIpHeader) -> Self {
         self.header = header;
         self

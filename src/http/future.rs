@@ -55,6 +55,7 @@ impl HeldPermit {
     /// `rocgate serve` does this with the permit a 101 hands its tunnel. A clone of
     /// this `HeldPermit` held elsewhere (the response's extensions cloned) leaves its
     /// permits timed: take it out of the response, as `serve` does.
+    #[must_use]
     pub fn untimed(mut self) -> Self {
         if let Some(permit) = Arc::get_mut(&mut self.permit) {
             permit.stop_timing();

@@ -724,7 +724,18 @@ impl<S> tower::Layer<S> for AdmissionLayer {
 /// Cloning it is cheap: the layers built from a builder and from its clones share one
 /// engine, as clones of a layer do (a builder set up once can build the layer of
 /// several routers).
+///
+/// Its setters take it and return it, set: one whose result is dropped has set
+/// nothing, and the compiler says so.
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// fn trust_one_hop(builder: rocgate::http::AdmissionLayerBuilder) {
+///     builder.trusted_hops(1);
+/// }
+/// ```
 #[derive(Clone)]
+#[must_use = "a builder's setters return it set, and it makes nothing until built"]
 pub struct AdmissionLayerBuilder {
     engine: SharedEngine,
     clock: Arc<dyn Clock>,

@@ -178,6 +178,7 @@ impl Simulator {
     }
 
     /// Places virtual time zero at this wall-clock time, for scheduled events.
+    #[must_use]
     pub fn wall_start(mut self, at: SystemTime) -> Self {
         self.wall_start = Some(at);
         self
@@ -186,6 +187,7 @@ impl Simulator {
     /// Models the protected service as taking at most `rps` requests in each whole
     /// second of the run (all recorded routes together): in each second, the admitted
     /// requests after the first `rps` count as overload.
+    #[must_use]
     pub fn capacity(mut self, rps: u64) -> Self {
         self.capacity_rps = Some(rps);
         self
@@ -195,6 +197,7 @@ impl Simulator {
     /// without its cuts ([`Summary::rejected_without_cuts`]); on by default. Counting
     /// decides every arrival on such a route a second time, in a twin engine whose
     /// controllers never cut, beside the run's own.
+    #[must_use]
     pub fn count_without_cuts(mut self, on: bool) -> Self {
         self.without_cuts = on;
         self
