@@ -1804,7 +1804,21 @@ impl Engine {
 }
 
 /// A runtime change that [`Engine::reload_keeping`] could not keep, and why.
+///
+/// Only a reload makes one, and it may come to say more (the change refused), so a
+/// pattern outside rocgate ends with `..`; one that names only these two fields does
+/// not compile:
+///
+/// ```compile_fail,E0638
+/// use rocgate::engine::RefusedChange;
+///
+/// fn say(refused: &RefusedChange) -> String {
+///     let RefusedChange { route, error } = refused;
+///     format!("{route}: {error}")
+/// }
+/// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct RefusedChange {
     /// The route's name.
     pub route: String,
