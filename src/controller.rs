@@ -111,7 +111,29 @@ impl ControllerParams {
 /// each named as written, and kept together ([`ProfileFields::roc`]): an event that
 /// sets any of the three keeps all three (thresholds mean something only in their
 /// mode).
+///
+/// It has a field for each of the controller's parameters, and gains one with each
+/// parameter added ([`ControllerParams`] is `#[non_exhaustive]` too): build one from
+/// `Default` (none) or [`ProfileFields::ALL`] and set its fields.
+///
+/// ```
+/// use rocgate::controller::ProfileFields;
+///
+/// let mut sets = ProfileFields::default();
+/// sets.base_limit = true;
+/// assert_ne!(sets, ProfileFields::default());
+/// ```
+///
+/// A struct expression does not compile outside rocgate, `..Default::default()`
+/// included:
+///
+/// ```compile_fail,E0639
+/// use rocgate::controller::ProfileFields;
+///
+/// let sets = ProfileFields { base_limit: true, ..ProfileFields::default() };
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProfileFields {
     /// `base_limit`.
     pub base_limit: bool,
