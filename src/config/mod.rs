@@ -9,6 +9,7 @@ mod raw;
 mod secret;
 pub use raw::figure;
 pub(crate) use raw::{check_burst, check_route, EVENT_SETTINGS, LONGEST_RESTORE};
+#[cfg(feature = "proxy")]
 pub(crate) use raw::{
     MAX_WRONG_TOKENS_BURST, MAX_WRONG_TOKENS_PER_SECOND, MIN_WRONG_TOKENS_PER_SECOND,
 };
