@@ -729,6 +729,71 @@ async fn a_beat_answered_after_a_failed_one_does_not_shrink_the_count() {
     drop((b, c));
 }
 
+/// Each change of the live count is logged once, naming the count before and after and
+/// this instance's share now (`1/n` of each shared limit): a rise at INFO, a fall at
+/// WARN (an instance gone: the line an operator looks for after a pod died). Never at a
+/// beat that changed nothing; and changes within 10 s of the last line (an instance
+/// whose beats come and go) wait for the first beat after them, said in one line
+/// counting them. `a` is on a manual clock; `b` and `c` expect two instances, so that
+/// their own counts never change and they log no such line.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn each_change_of_the_live_count_is_logged_once() {
+    let (_held, log) = logged().await;
+    let changed = || log.lines_with("live instance count changed");
+    let server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "count-log");
+    let mut two = config.clone();
+    two.expected_instances = 2;
+    let (a, clock) = Instance::manual(&burst_route(), &config);
+    let b = Instance::system(&burst_route(), &two);
+    beat_answered(&a.store).await;
+    assert_eq!(beat_answered(&b.store).await, 2);
+    for _ in 0..3 {
+        assert_eq!(beat_answered(&a.store).await, 2);
+    }
+    let lines = changed();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    for said in ["INFO", "from=1", "to=2", "share=1/2", "changes=1"] {
+        assert!(lines[0].contains(said), "{said}: {}", lines[0]);
+    }
+
+    // A fall, 10 s after the last line: said at once, as a warning.
+    clock.advance(Duration::from_secs(10));
+    b.store.leave().await;
+    assert_eq!(beat_answered(&a.store).await, 1);
+    assert_eq!(beat_answered(&a.store).await, 1);
+    let lines = changed();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for said in ["WARN", "from=2", "to=1", "share=1/1", "changes=1"] {
+        assert!(lines[1].contains(said), "{said}: {}", lines[1]);
+    }
+
+    // An instance that comes and goes at each beat: its changes wait out the 10 s.
+    for _ in 0..3 {
+        let c = Instance::system(&burst_route(), &two);
+        assert_eq!(beat_answered(&c.store).await, 2);
+        assert_eq!(beat_answered(&a.store).await, 2);
+        c.store.leave().await;
+        assert_eq!(beat_answered(&a.store).await, 1);
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(changed().len(), 2, "{:#?}", changed());
+    let c = Instance::system(&burst_route(), &two);
+    assert_eq!(beat_answered(&c.store).await, 2);
+    clock.advance(Duration::from_secs(7));
+    assert_eq!(beat_answered(&a.store).await, 2);
+    let lines = changed();
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    for said in ["INFO", "from=1", "to=2", "share=1/2", "changes=7"] {
+        assert!(lines[2].contains(said), "{said}: {}", lines[2]);
+    }
+    assert_eq!(beat_answered(&a.store).await, 2);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(beat_answered(&a.store).await, 2);
+    assert_eq!(changed().len(), 3, "{:#?}", changed());
+}
+
 /// A route that a reload makes local (here: partitioned by client IP) keeps the view
 /// the store last had of it, but no longer shows as shared: the metrics then report
 /// the local engine's limit, state and ROC for it, not a frozen shared one.

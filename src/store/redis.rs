@@ -1902,7 +1902,15 @@ impl RedisStore {
             changing: Mutex::new(()),
             instances: AtomicU64::new(u64::from(config.expected_instances)),
             beats: AtomicU64::new(0),
-            count: Mutex::new(Count::default()),
+            count: Mutex::new(Count {
+                applied: 0,
+                held: 0,
+                said: CountSaid {
+                    count: u64::from(config.expected_instances).max(1),
+                    at: None,
+                    unsaid: 0,
+                },
+            }),
             heard: AtomicU8::new(UNHEARD),
             routes: DashMap::new(),
             undecided: Mutex::default(),
@@ -3013,7 +3021,8 @@ impl Inner {
     /// the set since: for [`HELD_BEATS`] beats
     /// from it, the count may rise but not fall, so that a Redis
     /// that fails again meanwhile does not leave this instance in fallback at a share
-    /// counted from a half-empty set. Returns the count now in force.
+    /// counted from a half-empty set. Each change of the count in force is logged
+    /// ([`CountSaid`]). Returns the count now in force.
     fn counted(&self, seq: u64, n: u64, missing: bool) -> u64 {
         let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
         let before = self.instances();
@@ -3032,9 +3041,13 @@ impl Inner {
         };
         self.instances.store(n, Ordering::Relaxed);
         metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
+        let said = count.said.after_beat(n, n != before, self.clock.now());
         drop(count);
         if n != before {
             self.share_route_limits();
+        }
+        if let Some(change) = said {
+            change.log();
         }
         n
     }
@@ -3501,13 +3514,84 @@ const UNREACHED: u8 = 2;
 const HELD_BEATS: u8 = 3;
 
 /// What [`Inner::counted`] keeps between beats.
-#[derive(Default)]
 struct Count {
     /// The sequence number of the newest beat whose answer was taken in.
     applied: u64,
     /// Beats left whose count may not lower the live count.
     held: u8,
+    /// What the log said of the count.
+    said: CountSaid,
 }
+
+/// How often, at most, a change of the live count is logged: an instance whose beats
+/// come and go (one starved of CPU, beating every third heartbeat or so) would
+/// otherwise have the count said at every beat.
+const COUNT_LOGGED_EVERY: Duration = Duration::from_secs(10);
+
+/// What the log said of the live count: each change is said once, in a line at most
+/// every [`COUNT_LOGGED_EVERY`]; the changes that come sooner wait for the first beat
+/// answered after it, said in one line that counts them.
+struct CountSaid {
+    /// The count the last line said (`expected_instances` before any line).
+    count: u64,
+    /// When the last line was written (the store's clock); none before the first.
+    at: Option<Nanos>,
+    /// Changes of the count since the last line.
+    unsaid: u64,
+}
+
+/// A change of the live count to log.
+#[derive(Debug, PartialEq, Eq)]
+struct CountChange {
+    /// The count the last line said (`expected_instances` before any line).
+    from: u64,
+    /// The count in force now.
+    to: u64,
+    /// The changes from one to the other (more than one where some were not said).
+    changes: u64,
+}
+
+impl CountSaid {
+    /// Takes in a beat's count `n`, in force at `now`, and whether it `changed` the
+    /// count in force: returns the line to log, if a change is not said yet and the
+    /// last line was [`COUNT_LOGGED_EVERY`] ago or more (or there was none).
+    fn after_beat(&mut self, n: u64, changed: bool, now: Nanos) -> Option<CountChange> {
+        self.unsaid += u64::from(changed);
+        let quiet = self
+            .at
+            .is_none_or(|at| now.saturating_since(at) >= COUNT_LOGGED_EVERY);
+        if self.unsaid == 0 || !quiet {
+            return None;
+        }
+        self.at = Some(now);
+        let from = std::mem::replace(&mut self.count, n);
+        Some(CountChange {
+            from,
+            to: n,
+            changes: std::mem::take(&mut self.unsaid),
+        })
+    }
+}
+
+impl CountChange {
+    /// Logs the change: at `INFO` for a rise, at `WARN` for a fall (an instance gone,
+    /// whether it left or died: this one cannot tell), or for a count back where it
+    /// was after changes between (one came and went).
+    fn log(&self) {
+        let Self { from, to, changes } = *self;
+        let share = format_args!("1/{to}");
+        if to > from {
+            tracing::info!(from, to, changes, %share, "{COUNT_CHANGED}");
+        } else {
+            tracing::warn!(from, to, changes, %share, "{COUNT_CHANGED}");
+        }
+    }
+}
+
+/// The message of [`CountChange::log`].
+const COUNT_CHANGED: &str = "live instance count changed: this instance's share of each shared \
+     limit is now `share` (of a distributed route's while in fallback, and always in batched \
+     mode; of a partitioned route's route_limit)";
 
 /// The fleet's demand that the answers on a route gave (their `rate`), gathered for the
 /// tuning hints until [`RedisStore::take_fleet_demand`] takes it. Each answer's rate
