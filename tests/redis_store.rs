@@ -769,7 +769,8 @@ async fn each_change_of_the_live_count_is_logged_once() {
         assert!(lines[1].contains(said), "{said}: {}", lines[1]);
     }
 
-    // An instance that comes and goes at each beat: its changes wait out the 10 s.
+    // An instance that comes and goes at each beat: its changes wait out the 10 s,
+    // said at WARN (it went, if only for a beat) though the count ends higher.
     for _ in 0..3 {
         let c = Instance::system(&burst_route(), &two);
         assert_eq!(beat_answered(&c.store).await, 2);
@@ -785,13 +786,55 @@ async fn each_change_of_the_live_count_is_logged_once() {
     assert_eq!(beat_answered(&a.store).await, 2);
     let lines = changed();
     assert_eq!(lines.len(), 3, "{lines:#?}");
-    for said in ["INFO", "from=1", "to=2", "share=1/2", "changes=7"] {
+    for said in ["WARN", "from=1", "to=2", "share=1/2", "changes=7"] {
         assert!(lines[2].contains(said), "{said}: {}", lines[2]);
     }
     assert_eq!(beat_answered(&a.store).await, 2);
     clock.advance(Duration::from_secs(10));
     assert_eq!(beat_answered(&a.store).await, 2);
     assert_eq!(changed().len(), 3, "{:#?}", changed());
+}
+
+/// Changes said together in one line (within 10 s of the last) are said at WARN if
+/// any of them was a fall, even where the count ends higher than the last line said:
+/// an instance that died while two others came up is still the warning an operator
+/// looks for after a pod died, not an INFO line of a rise.
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_fall_said_together_with_rises_is_a_warning() {
+    let (_held, log) = logged().await;
+    let changed = || log.lines_with("live instance count changed");
+    let server = RedisServer::start().await;
+    let config = hand_beaten_config(&server, "count-fall-log");
+    let mut two = config.clone();
+    two.expected_instances = 2;
+    let mut three = config.clone();
+    three.expected_instances = 3;
+    let (a, clock) = Instance::manual(&burst_route(), &config);
+    let b = Instance::system(&burst_route(), &two);
+    beat_answered(&a.store).await;
+    assert_eq!(beat_answered(&b.store).await, 2);
+    for _ in 0..3 {
+        assert_eq!(beat_answered(&a.store).await, 2);
+    }
+    assert_eq!(changed().len(), 1, "{:#?}", changed());
+
+    clock.advance(Duration::from_secs(1));
+    b.store.leave().await;
+    assert_eq!(beat_answered(&a.store).await, 1);
+    let c = Instance::system(&burst_route(), &two);
+    assert_eq!(beat_answered(&c.store).await, 2);
+    let d = Instance::system(&burst_route(), &three);
+    assert_eq!(beat_answered(&d.store).await, 3);
+    assert_eq!(beat_answered(&a.store).await, 3);
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(beat_answered(&a.store).await, 3);
+    let lines = changed();
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for said in ["WARN", "from=2", "to=3", "share=1/3", "changes=2"] {
+        assert!(lines[1].contains(said), "{said}: {}", lines[1]);
+    }
+    drop((c, d));
 }
 
 /// A route that a reload makes local (here: partitioned by client IP) keeps the view

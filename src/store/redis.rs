@@ -1909,6 +1909,7 @@ impl RedisStore {
                     count: u64::from(config.expected_instances).max(1),
                     at: None,
                     unsaid: 0,
+                    fell: false,
                 },
             }),
             heard: AtomicU8::new(UNHEARD),
@@ -3041,7 +3042,7 @@ impl Inner {
         };
         self.instances.store(n, Ordering::Relaxed);
         metrics::gauge!(metric::STORE_INSTANCES).set(n as f64);
-        let said = count.said.after_beat(n, n != before, self.clock.now());
+        let said = count.said.after_beat(before, n, self.clock.now());
         drop(count);
         if n != before {
             self.share_route_limits();
@@ -3538,6 +3539,8 @@ struct CountSaid {
     at: Option<Nanos>,
     /// Changes of the count since the last line.
     unsaid: u64,
+    /// Whether one of them was a fall.
+    fell: bool,
 }
 
 /// A change of the live count to log.
@@ -3549,14 +3552,17 @@ struct CountChange {
     to: u64,
     /// The changes from one to the other (more than one where some were not said).
     changes: u64,
+    /// Whether one of them was a fall (the count lower after it than before).
+    fell: bool,
 }
 
 impl CountSaid {
-    /// Takes in a beat's count `n`, in force at `now`, and whether it `changed` the
-    /// count in force: returns the line to log, if a change is not said yet and the
-    /// last line was [`COUNT_LOGGED_EVERY`] ago or more (or there was none).
-    fn after_beat(&mut self, n: u64, changed: bool, now: Nanos) -> Option<CountChange> {
-        self.unsaid += u64::from(changed);
+    /// Takes in the count `n` that a beat put in force at `now`, in place of `before`:
+    /// returns the line to log, if a change is not said yet and the last line was
+    /// [`COUNT_LOGGED_EVERY`] ago or more (or there was none).
+    fn after_beat(&mut self, before: u64, n: u64, now: Nanos) -> Option<CountChange> {
+        self.unsaid += u64::from(n != before);
+        self.fell |= n < before;
         let quiet = self
             .at
             .is_none_or(|at| now.saturating_since(at) >= COUNT_LOGGED_EVERY);
@@ -3569,21 +3575,27 @@ impl CountSaid {
             from,
             to: n,
             changes: std::mem::take(&mut self.unsaid),
+            fell: std::mem::take(&mut self.fell),
         })
     }
 }
 
 impl CountChange {
-    /// Logs the change: at `INFO` for a rise, at `WARN` for a fall (an instance gone,
-    /// whether it left or died: this one cannot tell), or for a count back where it
-    /// was after changes between (one came and went).
+    /// Logs the change: at `WARN` if one of its changes was a fall (an instance gone,
+    /// whether it left or died: this one cannot tell), even where the count ends
+    /// higher or back where it was (others came meanwhile); else, a rise, at `INFO`.
     fn log(&self) {
-        let Self { from, to, changes } = *self;
+        let Self {
+            from,
+            to,
+            changes,
+            fell,
+        } = *self;
         let share = format_args!("1/{to}");
-        if to > from {
-            tracing::info!(from, to, changes, %share, "{COUNT_CHANGED}");
-        } else {
+        if fell {
             tracing::warn!(from, to, changes, %share, "{COUNT_CHANGED}");
+        } else {
+            tracing::info!(from, to, changes, %share, "{COUNT_CHANGED}");
         }
     }
 }

@@ -2470,23 +2470,44 @@ fn the_waits_before_sending_again_are_5_then_10_ms() {
 /// store's clock: a beat that changes nothing says nothing, a change after a quiet
 /// 10 s is said at once, and the changes sooner than that (an instance whose beats
 /// come and go) wait for the first beat after the 10 s, said in one line that counts
-/// them, even where the count is back where the last line left it.
+/// them, even where the count is back where the last line left it. A line says
+/// whether one of its changes was a fall, even where the count ends higher.
 #[test]
 fn each_change_of_the_live_count_is_said_once_at_most_every_ten_seconds() {
     let mut said = CountSaid {
         count: 1,
         at: None,
         unsaid: 0,
+        fell: false,
     };
     let s = Nanos::from_secs;
-    let change = |from, to, changes| Some(CountChange { from, to, changes });
-    assert_eq!(said.after_beat(1, false, s(1)), None, "nothing changed");
-    assert_eq!(said.after_beat(3, true, s(2)), change(1, 3, 1));
-    assert_eq!(said.after_beat(3, false, s(3)), None, "nothing changed");
-    assert_eq!(said.after_beat(2, true, s(4)), None, "2 s after it");
-    assert_eq!(said.after_beat(3, true, s(5)), None);
-    assert_eq!(said.after_beat(3, false, s(11)), None, "9 s after it");
-    assert_eq!(said.after_beat(3, false, s(12)), change(3, 3, 2));
-    assert_eq!(said.after_beat(3, false, s(40)), None, "nothing changed");
-    assert_eq!(said.after_beat(2, true, s(41)), change(3, 2, 1));
+    let change = |from, to, changes, fell| {
+        Some(CountChange {
+            from,
+            to,
+            changes,
+            fell,
+        })
+    };
+    assert_eq!(said.after_beat(1, 1, s(1)), None, "nothing changed");
+    assert_eq!(said.after_beat(1, 3, s(2)), change(1, 3, 1, false));
+    assert_eq!(said.after_beat(3, 3, s(3)), None, "nothing changed");
+    assert_eq!(said.after_beat(3, 2, s(4)), None, "2 s after it");
+    assert_eq!(said.after_beat(2, 3, s(5)), None);
+    assert_eq!(said.after_beat(3, 3, s(11)), None, "9 s after it");
+    assert_eq!(said.after_beat(3, 3, s(12)), change(3, 3, 2, true));
+    assert_eq!(said.after_beat(3, 3, s(40)), None, "nothing changed");
+    assert_eq!(said.after_beat(3, 2, s(41)), change(3, 2, 1, true));
+    assert_eq!(said.after_beat(2, 1, s(42)), None);
+    assert_eq!(said.after_beat(1, 4, s(43)), None);
+    assert_eq!(
+        said.after_beat(4, 4, s(51)),
+        change(2, 4, 2, true),
+        "a fall between"
+    );
+    assert_eq!(
+        said.after_beat(4, 5, s(61)),
+        change(4, 5, 1, false),
+        "no fall since"
+    );
 }
