@@ -754,7 +754,15 @@ async fn each_change_of_the_live_count_is_logged_once() {
     }
     let lines = changed();
     assert_eq!(lines.len(), 1, "{lines:#?}");
-    for said in ["INFO", "from=1", "to=2", "share=1/2", "changes=1"] {
+    let only_local = r#"in fallback with fail_mode = "local""#;
+    for said in [
+        "INFO",
+        "from=1",
+        "to=2",
+        "share=1/2",
+        "changes=1",
+        only_local,
+    ] {
         assert!(lines[0].contains(said), "{said}: {}", lines[0]);
     }
 

@@ -3602,8 +3602,8 @@ impl CountChange {
 
 /// The message of [`CountChange::log`].
 const COUNT_CHANGED: &str = "live instance count changed: this instance's share of each shared \
-     limit is now `share` (of a distributed route's while in fallback, and always in batched \
-     mode; of a partitioned route's route_limit)";
+     limit is now `share` (of a distributed route's in batched mode while Redis answers, and in \
+     fallback with fail_mode = \"local\"; of a partitioned route's route_limit)";
 
 /// The fleet's demand that the answers on a route gave (their `rate`), gathered for the
 /// tuning hints until [`RedisStore::take_fleet_demand`] takes it. Each answer's rate
