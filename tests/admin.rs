@@ -88,6 +88,7 @@ async fn start_from(
         built.shutdown_grace = Duration::from_secs(2);
         built.admin_token = token.map(rocgate::config::Secret::from);
         built.admin_allowed_hosts = config.server.admin_allowed_hosts.clone();
+        built.admin_reads = config.server.admin_reads;
         built.admin_wrong_tokens_burst = config.server.admin_wrong_tokens_burst;
         built.admin_wrong_tokens_per_second = config.server.admin_wrong_tokens_per_second;
         built.forward.connect_timeout = Duration::from_millis(200);
@@ -612,6 +613,33 @@ async fn a_reload_names_the_changes_that_wait_for_a_restart() {
             serde_json::json!(["[admin]"]),
             "{bound}: {body}"
         );
+    }
+    p.stop().await;
+}
+
+/// `[admin] reads` is read at start, as the rest of `[admin]`: a reload that closes
+/// or opens the reads lists `[admin]` in `restart_required`, the token unchanged; one
+/// that leaves it as it was lists nothing. Started with `reads = "token"`, the
+/// operator on the host (loopback, a `Host` naming it) still reads without the token,
+/// and `/healthz` is answered.
+#[tokio::test]
+async fn a_reload_that_changes_reads_waits_for_a_restart() {
+    let token = "the-token-of-this-file";
+    let admin = |reads: &str| format!("{CONFIG}\n[admin]\ntoken = \"{token}\"\n{reads}\n");
+    let (p, _) = start_on(Some(token), &admin("reads = \"token\""), None).await;
+    for path in ["/admin/routes", "/metrics", "/healthz"] {
+        let (status, _) = call(p.admin, "GET", path, "", None).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    for (reads, restart) in [
+        ("reads = \"open\"", serde_json::json!(["[admin]"])),
+        ("", serde_json::json!(["[admin]"])),
+        ("reads = \"token\"", serde_json::json!([])),
+    ] {
+        std::fs::write(&p.file, admin(reads)).unwrap();
+        let (status, body) = call(p.admin, "POST", "/admin/reload", "", Some(token)).await;
+        assert_eq!(status, 200, "{reads}: {body}");
+        assert_eq!(body["restart_required"], restart, "{reads}: {body}");
     }
     p.stop().await;
 }

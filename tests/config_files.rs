@@ -2845,6 +2845,17 @@ fn server_and_admin_sections() {
         "admin.port",
         "unknown field",
     );
+    refused(
+        &route("[admin]\ntoken = \"a-long-enough-token\"\nreads = \"closed\""),
+        "admin.reads",
+        "must be \"open\" or \"token\", got \"closed\"",
+    );
+    // Reads needing a token there is none of would lock every scrape out.
+    refused(
+        &route("[admin]\nreads = \"token\""),
+        "admin.reads",
+        "\"token\" needs admin.token set",
+    );
 }
 
 #[test]
@@ -4525,6 +4536,47 @@ fn admin_allowed_hosts_takes_host_names_alone() {
             && e.to_string()
                 .ends_with("(set by environment variable ROCGATE__ADMIN__ALLOWED_HOSTS)"),
         "{e}"
+    );
+}
+
+/// `[admin] reads` is "open" by default, "token" with a token set, from the file or
+/// the environment; "token" beside a token the file refuses is reported as the
+/// token's error alone, not again as a token missing.
+#[test]
+fn admin_reads_is_read_and_needs_the_token() {
+    use rocgate::config::AdminReads;
+    let c = Config::from_toml_str(&route(""), "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.admin_reads, AdminReads::Open);
+    for (reads, read) in [("open", AdminReads::Open), ("Token", AdminReads::Token)] {
+        let text = route(&format!(
+            "[admin]\ntoken = \"a-long-enough-token\"\nreads = \"{reads}\""
+        ));
+        let c = Config::from_toml_str(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.server.admin_reads, read, "{reads}");
+    }
+    let env = [
+        ("ROCGATE__ADMIN__READS".to_owned(), "token".to_owned()),
+        (
+            "ROCGATE__ADMIN__TOKEN".to_owned(),
+            "a-long-enough-token".to_owned(),
+        ),
+    ];
+    let c = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.admin_reads, AdminReads::Token);
+    let env = [("ROCGATE__ADMIN__READS".to_owned(), "token".to_owned())];
+    let e = Config::from_toml_str_with_env(ORDER, "t.toml", env).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("admin.reads: \"token\" needs admin.token set")
+            && e.to_string().contains("ROCGATE__ADMIN__READS"),
+        "{e}"
+    );
+    let text = route("[admin]\ntoken = \" \"\nreads = \"token\"");
+    let found = problems(&text);
+    assert!(
+        found.iter().any(|l| l.starts_with("admin.token:"))
+            && !found.iter().any(|l| l.starts_with("admin.reads")),
+        "{found:?}"
     );
 }
 

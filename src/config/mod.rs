@@ -913,6 +913,33 @@ impl ClientIpHeader {
     }
 }
 
+/// Who may read the admin API from beyond loopback (`[admin] reads`): its routes'
+/// state, hints, store and metrics. The health checks (`/healthz`, `/readyz`) are
+/// answered without the token either way (a kubelet's probe carries none), and a
+/// change always needs it from there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AdminReads {
+    /// Whoever reaches the listener (a Prometheus on another host scrapes by name).
+    #[default]
+    Open,
+    /// Only a request with the bearer token (`[admin] token`): `/metrics` too, which
+    /// carries the same routes' state, so a Prometheus sends the token
+    /// (`authorization: credentials_file:`). From loopback, the operator on the host
+    /// reads without it, as before.
+    Token,
+}
+
+impl AdminReads {
+    /// The value as written in config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminReads::Open => "open",
+            AdminReads::Token => "token",
+        }
+    }
+}
+
 /// The PROXY protocol header `rocgate serve` expects at the start of each connection
 /// from `[server] proxy_protocol_from` (`[server] proxy_protocol`): an L4 load balancer (HAProxy in
 /// TCP mode, AWS NLB, GCP's TCP load balancer) names the client in it, the address
@@ -1329,6 +1356,10 @@ pub struct ServerConfig {
     /// dot): one naming any other host is refused, as a web page's through a name
     /// re-bound to 127.0.0.1 (DNS rebinding) would be.
     pub admin_allowed_hosts: Vec<String>,
+    /// Whether a read of the admin API from beyond loopback needs the token
+    /// (`[admin] reads`): [`AdminReads::Token`] is taken only with
+    /// [`admin_token`](Self::admin_token) set.
+    pub admin_reads: AdminReads,
     /// Wrong bearer tokens a client address may send to the admin API at once (at
     /// least 1); past them, and the rate below, a request with a token gets 429.
     pub admin_wrong_tokens_burst: u32,
@@ -1375,6 +1406,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             admin_allowed_hosts: Vec::new(),
+            admin_reads: AdminReads::Open,
             admin_wrong_tokens_burst: 10,
             admin_wrong_tokens_per_second: 1.0,
         }

@@ -15,7 +15,7 @@
 
 use super::load::Problem;
 use super::{quoted, quotes_bounded, Segment, Tier};
-use super::{ClientIpHeader, HintsConfig, ProxyProtocol, ServerConfig, UpstreamError};
+use super::{AdminReads, ClientIpHeader, HintsConfig, ProxyProtocol, ServerConfig, UpstreamError};
 use super::{Config, Event, KeyLimits, Mode, Partition, PathPattern, RouteConfig, RouteMatch};
 use crate::controller::{ControllerParams, ProfileFields};
 use crate::hints::Policy;
@@ -259,6 +259,7 @@ struct RawAdmin {
     listen: Option<String>,
     token: Option<TokenText>,
     allowed_hosts: Option<TextList<HostNames>>,
+    reads: Option<String>,
     wrong_tokens_burst: Option<Whole>,
     wrong_tokens_per_second: Option<Num>,
 }
@@ -3224,6 +3225,8 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             ),
         );
     }
+    // A token given but refused is reported as such, not again as missing.
+    let token_given = admin.token.is_some();
     if let Some(TokenText(token)) = admin.token {
         let text = token.expose();
         let checked = if text.trim().is_empty() {
@@ -3251,6 +3254,25 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
             &path,
             allowed_host(text).map(|h| out.admin_allowed_hosts.push(h)),
         );
+    }
+    if let Some(reads) = admin.reads {
+        let checked = match reads.trim_ascii().to_ascii_lowercase().as_str() {
+            "open" => Ok(AdminReads::Open),
+            "token" => Ok(AdminReads::Token),
+            _ => Err(format!(
+                "must be \"open\" or \"token\", got {:?}",
+                quoted(&reads)
+            )),
+        };
+        let checked = checked.and_then(|r| match (r, &out.admin_token, token_given) {
+            (AdminReads::Token, None, false) => Err(
+                "\"token\" needs admin.token set: reads from beyond loopback would need a \
+                 token there is none of (set admin.token, or reads = \"open\")"
+                    .to_owned(),
+            ),
+            _ => Ok(r),
+        });
+        field(p, "admin.reads", checked.map(|r| out.admin_reads = r));
     }
     if let Some(w) = admin.wrong_tokens_burst {
         field(

@@ -17,6 +17,9 @@
 //! Mutating endpoints require `Authorization: Bearer <token>` when a token is set
 //! (one such header: a request that sends two is refused);
 //! without one, they take changes from loopback only, and none from a web page.
+//! Reads from beyond loopback are open, unless `[admin] reads = "token"`: then every
+//! endpoint but `/healthz` and `/readyz`, `/metrics` included, needs the token from
+//! there too ([`refuse_a_read_without_the_token`]).
 //! Every endpoint but `/healthz` and `/readyz` answers a request from loopback only if
 //! its `Host` names this host (an IP address, `localhost`, or a name in
 //! `[admin] allowed_hosts`), or it carries the token: a web page served from a name
@@ -87,6 +90,12 @@ pub(crate) struct AdminState {
     pub(crate) allowed_hosts: Arc<[String]>,
     /// When a request refused for its `Host` was last logged ([`refuse_a_foreign_host`]).
     pub(crate) host_refusals: Arc<Mutex<RefusalLog>>,
+    /// Whether a read from beyond loopback needs the token (`[admin] reads`,
+    /// [`refuse_a_read_without_the_token`]).
+    pub(crate) reads: crate::config::AdminReads,
+    /// When a read refused for its token was last logged
+    /// ([`refuse_a_read_without_the_token`]).
+    pub(crate) read_refusals: Arc<Mutex<RefusalLog>>,
     /// The wrong tokens each client address sent, which bound its guesses
     /// ([`checked`]).
     pub(crate) guesses: Arc<super::guesses::Guesses>,
@@ -298,6 +307,10 @@ pub(crate) fn router(state: AdminState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            refuse_a_read_without_the_token,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             refuse_a_foreign_host,
         ))
         .layer(axum::middleware::from_fn_with_state(
@@ -360,7 +373,8 @@ async fn refuse_the_proxys_own(
 /// request. A request from another address is
 /// not looked at: opened beyond loopback, the admin API's reads are open to whoever
 /// reaches it (a Prometheus on another host reads it by the host's name), a page
-/// re-bound to that address among them.
+/// re-bound to that address among them, unless `[admin] reads = "token"`
+/// ([`refuse_a_read_without_the_token`]).
 ///
 /// The token exempts a request: a page does not have it, and a tool that sends it
 /// through a forwarder on the host that passes its own `Host` on (nginx's
@@ -436,6 +450,58 @@ async fn refuse_a_foreign_host(
         Some(refusal) => refusal.into_response(),
         None => error(StatusCode::FORBIDDEN, vec![why]),
     }
+}
+
+/// Refuses a request from beyond loopback without the right bearer token, with
+/// `[admin] reads = "token"` and a token set: on every endpoint but the health checks
+/// ([`HEALTH_CHECKS`], which a kubelet's probe reaches without one), the reads
+/// (`/metrics`, `/admin/routes`, `/admin/hints`, `/admin/store`) as the changes. An
+/// admin API opened beyond loopback (a pod's address, for a Prometheus on another
+/// host) then tells the routes' state only to whoever has the token. A request from
+/// loopback is not looked at here: the operator on the host reads without it, and a
+/// page re-bound to 127.0.0.1 is refused for its `Host` ([`refuse_a_foreign_host`]).
+///
+/// A token is checked as a change's is ([`checked`]): a missing one answers 401 with
+/// `WWW-Authenticate`, a wrong one 401 and charged to the address's bound on wrong
+/// tokens ([`super::guesses`], `rocgate_admin_refused_total`), past which 429. A
+/// refusal is logged at `WARN` with the address, the path, the status and why, never
+/// a token, at most one line every [`REFUSALS_LOGGED_EVERY`] ([`RefusalLog`], its own:
+/// a scraper without the token does not hide the refused changes).
+async fn refuse_a_read_without_the_token(
+    State(state): State<AdminState>,
+    Extension(Peer(peer)): Extension<Peer>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    if state.reads != crate::config::AdminReads::Token
+        || state.token.is_none()
+        || peer.to_canonical().is_loopback()
+        || HEALTH_CHECKS.contains(&path)
+    {
+        return next.run(request).await;
+    }
+    let Some(refusal) = checked(&state, request.headers(), peer, true) else {
+        return next.run(request).await;
+    };
+    let now = state.reloader.clock().now();
+    let logged = state
+        .read_refusals
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .refused(now);
+    if let Some(refused) = logged {
+        tracing::warn!(
+            %peer,
+            path = ?crate::config::quoted(path),
+            status = refusal.status.as_u16(),
+            refused,
+            "admin request refused: {} ([admin] reads = \"token\": beyond loopback, every endpoint but /healthz and /readyz needs the token; refused counts the requests refused for their token since the last such line, at most one every {}s)",
+            refusal.why,
+            REFUSALS_LOGGED_EVERY.as_secs()
+        );
+    }
+    refusal.into_response()
 }
 
 /// The first host a request names (its target's authority, then each `Host`) that
@@ -1479,6 +1545,8 @@ mod tests {
             refusals: Arc::default(),
             allowed_hosts: Arc::new([]),
             host_refusals: Arc::default(),
+            reads: crate::config::AdminReads::Open,
+            read_refusals: Arc::default(),
             guesses: Arc::new(super::super::guesses::Guesses::new(
                 super::super::guesses::GuessBound::by_default(),
             )),
@@ -1859,6 +1927,97 @@ mod tests {
                 .unwrap();
             assert_eq!(response.status(), StatusCode::OK, "PUT from {peer}");
         }
+    }
+
+    /// With `[admin] reads = "token"`, a read from beyond loopback without the token
+    /// gets 401 with `WWW-Authenticate` on every endpoint but `/healthz` and
+    /// `/readyz`; with it, it is answered; wrong tokens on reads are charged to the
+    /// address's bound (429 after 10, counted in `rocgate_admin_refused_total`); the
+    /// operator on loopback reads without one. With `reads = "open"` (the default), the
+    /// same reads from beyond loopback are answered without a token, as before.
+    #[tokio::test]
+    async fn with_reads_token_every_read_from_beyond_loopback_needs_the_token() {
+        let clock = Arc::new(crate::clock::ManualClock::new());
+        let mut state = state_on(Arc::clone(&clock) as Arc<dyn crate::clock::Clock>).await;
+        state.token = Some(crate::config::Secret::from("the-right-token"));
+        let open = router(state.clone());
+        state.reads = crate::config::AdminReads::Token;
+        let guesses = Arc::clone(&state.guesses);
+        let closed = router(state);
+        let get = |router: &Router, peer: &str, path: &str, token: Option<&str>| {
+            let mut request = http::Request::get(path).header("host", "localhost");
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            for_connection(router, peer.parse().unwrap())
+                .oneshot(request.body(Body::empty()).unwrap())
+        };
+        let reads = [
+            "/metrics",
+            "/admin/routes",
+            "/admin/routes/order",
+            "/admin/hints",
+            "/admin/store",
+        ];
+        for peer in ["192.0.2.7", "2001:db8::1", "::ffff:10.0.0.7"] {
+            for path in reads {
+                let answer = get(&closed, peer, path, None).await.unwrap();
+                assert_eq!(
+                    answer.status(),
+                    StatusCode::UNAUTHORIZED,
+                    "{path} from {peer}"
+                );
+                assert_eq!(
+                    answer.headers()[http::header::WWW_AUTHENTICATE],
+                    r#"Bearer realm="rocgate admin""#,
+                    "{path} from {peer}"
+                );
+                let answer = get(&closed, peer, path, Some("the-right-token"))
+                    .await
+                    .unwrap();
+                assert_eq!(answer.status(), StatusCode::OK, "{path} from {peer}");
+                let answer = get(&open, peer, path, None).await.unwrap();
+                assert_eq!(answer.status(), StatusCode::OK, "open: {path} from {peer}");
+            }
+            for path in HEALTH_CHECKS {
+                let answer = get(&closed, peer, path, None).await.unwrap();
+                assert_ne!(
+                    answer.status(),
+                    StatusCode::UNAUTHORIZED,
+                    "{path} from {peer}"
+                );
+            }
+        }
+        for peer in ["127.0.0.1", "::1"] {
+            for path in reads {
+                let answer = get(&closed, peer, path, None).await.unwrap();
+                assert_eq!(answer.status(), StatusCode::OK, "{path} from {peer}");
+            }
+        }
+        assert_eq!(guesses.wrong(), 0);
+        for i in 0..10 {
+            let answer = get(&closed, "192.0.2.9", reads[i % reads.len()], Some("guess"))
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {i}");
+            assert_eq!(
+                answer.headers()[http::header::WWW_AUTHENTICATE],
+                r#"Bearer realm="rocgate admin", error="invalid_token""#
+            );
+        }
+        assert_eq!(guesses.wrong(), 10);
+        for token in ["guess", "the-right-token"] {
+            let answer = get(&closed, "192.0.2.9", "/admin/routes", Some(token))
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS, "{token}");
+        }
+        assert_eq!(guesses.refused(), 2);
+        clock.advance(Duration::from_secs(1));
+        let answer = get(&closed, "192.0.2.9", "/metrics", Some("the-right-token"))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
     }
 
     /// An address beyond loopback that sends 10 wrong tokens gets 429 for the next

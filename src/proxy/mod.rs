@@ -103,6 +103,11 @@ pub struct ProxySettings {
     /// admin API from loopback may carry in `Host` (lower-case, without a trailing
     /// dot); see [`ServerConfig::admin_allowed_hosts`].
     pub admin_allowed_hosts: Vec<String>,
+    /// Whether a read from beyond loopback needs the token; see
+    /// [`ServerConfig::admin_reads`]. [`AdminReads::Token`](crate::config::AdminReads::Token)
+    /// without [`admin_token`](Self::admin_token) is taken as open: there is no token
+    /// to require.
+    pub admin_reads: crate::config::AdminReads,
     /// Wrong bearer tokens a client address may send to the admin API at once, taken
     /// from 1 to 10000 as the config bounds it (0 is 1); see
     /// [`ServerConfig::admin_wrong_tokens_burst`].
@@ -153,6 +158,7 @@ impl ProxySettings {
             idle_timeout: server.idle_timeout,
             admin_token: server.admin_token.clone(),
             admin_allowed_hosts: server.admin_allowed_hosts.clone(),
+            admin_reads: server.admin_reads,
             admin_wrong_tokens_burst: server.admin_wrong_tokens_burst,
             admin_wrong_tokens_per_second: server.admin_wrong_tokens_per_second,
             lingering_time: server.lingering_time,
@@ -662,6 +668,7 @@ fn needing_restart(started: &Config, next: &Config, held: &HeldByFlags) -> Vec<&
         admin_listen: a.admin_listen,
         admin_token: None,
         admin_allowed_hosts: Vec::new(),
+        admin_reads: crate::config::AdminReads::Open,
         admin_wrong_tokens_burst: 0,
         admin_wrong_tokens_per_second: 0.0,
         ..s.clone()
@@ -670,10 +677,18 @@ fn needing_restart(started: &Config, next: &Config, held: &HeldByFlags) -> Vec<&
         ("[server]", server(a) != server(b)),
         (
             "[admin]",
-            (a.admin_listen, &a.admin_token, &a.admin_allowed_hosts)
-                != (b.admin_listen, &b.admin_token, &b.admin_allowed_hosts)
-                || (a.admin_wrong_tokens_burst, a.admin_wrong_tokens_per_second)
-                    != (b.admin_wrong_tokens_burst, b.admin_wrong_tokens_per_second),
+            (
+                a.admin_listen,
+                &a.admin_token,
+                &a.admin_allowed_hosts,
+                a.admin_reads,
+            ) != (
+                b.admin_listen,
+                &b.admin_token,
+                &b.admin_allowed_hosts,
+                b.admin_reads,
+            ) || (a.admin_wrong_tokens_burst, a.admin_wrong_tokens_per_second)
+                != (b.admin_wrong_tokens_burst, b.admin_wrong_tokens_per_second),
         ),
         ("[hints]", started.hints != next.hints),
         ("[store]", started.store != next.store),
@@ -976,6 +991,8 @@ impl Proxy {
             store: self.store.clone(),
             token: self.settings.admin_token.clone(),
             allowed_hosts: self.settings.admin_allowed_hosts.clone().into(),
+            reads: self.settings.admin_reads,
+            read_refusals: Arc::default(),
             via,
             host_refusals: Arc::default(),
             guesses: Arc::new(guesses::Guesses::new(guesses::GuessBound {
