@@ -632,6 +632,33 @@ fn an_admin_api_beyond_loopback_with_a_short_token_is_warned_of() {
     assert!(!serve_warned("0.0.0.0:0", Some(long)).contains("a token of"));
 }
 
+/// Without a token, the warning of an admin API beyond loopback names `[admin] reads`
+/// beside the token; with a token and the reads open (the default), `serve` says at
+/// `INFO` that anyone who reaches it reads the state without the token, naming
+/// `reads = "token"`; with `reads = "token"` (here from the environment), or on
+/// loopback, it says nothing of the reads.
+#[test]
+fn an_admin_api_beyond_loopback_with_its_reads_open_is_told_of() {
+    let long = "0123456789abcdef";
+    let open = "beyond loopback with its reads open";
+    let log = serve_warned("0.0.0.0:0", None);
+    let line = log
+        .lines()
+        .find(|l| l.contains("beyond loopback without a token"));
+    let line = line.unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(r#"[admin] reads = "token""#), "{line}");
+    assert!(!log.contains(open), "{log}");
+    let log = serve_warned("0.0.0.0:0", Some(long));
+    let line = log.lines().find(|l| l.contains(open));
+    let line = line.unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(" INFO "), "{line}");
+    assert!(line.contains(r#"set [admin] reads = "token""#), "{line}");
+    assert!(!log.contains(long), "{log}");
+    let closed = [("ROCGATE__ADMIN__READS", "token")];
+    assert!(!serve_warned_with("0.0.0.0:0", Some(long), &closed).contains(open));
+    assert!(!serve_warned("127.0.0.1:0", Some(long)).contains(open));
+}
+
 /// The short token's warning names the bound on wrong tokens the config sets (here
 /// from the environment), not the default's.
 #[test]
@@ -664,6 +691,7 @@ fn serve_warned_with(admin: &str, token: Option<&str>, env: &[(&str, &str)]) -> 
         .env_remove("ROCGATE__ADMIN__TOKEN")
         .env_remove("ROCGATE__ADMIN__WRONG_TOKENS_BURST")
         .env_remove("ROCGATE__ADMIN__WRONG_TOKENS_PER_SECOND")
+        .env_remove("ROCGATE__ADMIN__READS")
         .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())

@@ -2,7 +2,7 @@
 
 use super::signals::ShutdownSignals;
 use super::ServeArgs;
-use rocgate::config::{Config, ServerConfig};
+use rocgate::config::{AdminReads, Config, ServerConfig};
 use rocgate::proxy::{HeldByFlags, Proxy, ProxySettings, Reloader};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,6 +12,36 @@ use std::time::Duration;
 /// wrong_tokens_per_second` from each address past its first `wrong_tokens_burst`
 /// (one a second past 10 by default), and more from more addresses.
 const SHORT_TOKEN_BYTES: usize = 16;
+
+/// What `serve` says at start of an admin API that listens beyond loopback: without a
+/// token, that anyone who reaches it reads the state and only loopback changes it;
+/// with a token shorter than [`SHORT_TOKEN_BYTES`], that it may be guessed; with its
+/// reads open (`[admin] reads = "open"`, the default), that anyone who reaches it
+/// reads the state (at `INFO`: a Prometheus without the token may be meant to).
+fn tell_of_an_admin_api_beyond_loopback(settings: &ProxySettings) {
+    let Some(token) = &settings.admin_token else {
+        tracing::warn!(
+            admin = %settings.admin_listen,
+            "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token (and [admin] reads = \"token\" to keep the reads to those with it)"
+        );
+        return;
+    };
+    if token.expose().len() < SHORT_TOKEN_BYTES {
+        tracing::warn!(
+            admin = %settings.admin_listen,
+            "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens, {} a second from each address past its first {} and more from more addresses; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
+            token.expose().len(),
+            rocgate::config::figure(settings.admin_wrong_tokens_per_second),
+            settings.admin_wrong_tokens_burst
+        );
+    }
+    if settings.admin_reads == AdminReads::Open {
+        tracing::info!(
+            admin = %settings.admin_listen,
+            "the admin API listens beyond loopback with its reads open ([admin] reads = \"open\"): anyone who reaches it can read the routes' state, the hints, the store and /metrics without the token; set [admin] reads = \"token\" to require it for every endpoint but /healthz and /readyz"
+        );
+    }
+}
 
 /// The proxy settings: the file's, then the command line's overrides.
 fn settings(server: &ServerConfig, args: &ServeArgs) -> Result<ProxySettings, String> {
@@ -207,22 +237,8 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             ),
             "rocgate serving"
         );
-        let beyond_loopback = !settings.admin_listen.ip().to_canonical().is_loopback();
-        match &settings.admin_token {
-            None if beyond_loopback => tracing::warn!(
-                admin = %settings.admin_listen,
-                "the admin API listens beyond loopback without a token: changes are taken from loopback only, and anyone who reaches it can read the routes' state; set [admin] token"
-            ),
-            Some(token) if beyond_loopback && token.expose().len() < SHORT_TOKEN_BYTES => {
-                tracing::warn!(
-                    admin = %settings.admin_listen,
-                    "the admin API listens beyond loopback with a token of {} bytes: anyone who reaches it may try tokens, {} a second from each address past its first {} and more from more addresses; set [admin] token to {SHORT_TOKEN_BYTES} random characters or more (openssl rand -hex 16 writes 32)",
-                    token.expose().len(),
-                    rocgate::config::figure(settings.admin_wrong_tokens_per_second),
-                    settings.admin_wrong_tokens_burst
-                );
-            }
-            _ => {}
+        if !settings.admin_listen.ip().to_canonical().is_loopback() {
+            tell_of_an_admin_api_beyond_loopback(&settings);
         }
         serve_until_signalled(proxy, signals).await
     });
