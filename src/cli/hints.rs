@@ -2,7 +2,8 @@
 //! (`GET /admin/hints`) and prints them as a table, or as the JSON it returned.
 //!
 //! The admin token, where one is needed (a request from loopback whose `Host` is none
-//! of this host's names), is read from `--token-file PATH`, and sent only so: never
+//! of this host's names, or any from beyond loopback with `[admin] reads = "token"`),
+//! is read from `--token-file PATH`, and sent only so: never
 //! from a flag's value, which any user on the host reads in `ps`, nor from the variable
 //! `ROCGATE__ADMIN__TOKEN` that `serve` reads `[admin] token` from, which is set
 //! wherever `serve` runs with it, and was sent to whatever `--admin` named (the proxy's
