@@ -1349,7 +1349,9 @@ pub struct ServerConfig {
     pub lingering_timeout: Duration,
     /// Where the admin API listens.
     pub admin_listen: SocketAddr,
-    /// Bearer token required by mutating admin endpoints, if set (`***` in `{:?}`).
+    /// Bearer token required by mutating admin endpoints, if set (`***` in `{:?}`),
+    /// and by every read from beyond loopback but the health checks with
+    /// [`admin_reads`](Self::admin_reads) [`AdminReads::Token`].
     pub admin_token: Option<Secret>,
     /// Names of this host, besides `localhost` and IP addresses, that a request to the
     /// admin API from loopback may carry in `Host` (lower-case, without a trailing

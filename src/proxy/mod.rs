@@ -97,7 +97,8 @@ pub struct ProxySettings {
     /// nothing, either way, before it is closed.
     pub idle_timeout: Duration,
     /// Bearer token required by the admin API's mutating endpoints, if set (`***` in
-    /// `{:?}`).
+    /// `{:?}`), and by its reads from beyond loopback with
+    /// [`admin_reads`](Self::admin_reads) `Token`.
     pub admin_token: Option<crate::config::Secret>,
     /// Names of this host, besides `localhost` and IP addresses, that a request to the
     /// admin API from loopback may carry in `Host` (lower-case, without a trailing
