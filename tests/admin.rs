@@ -83,7 +83,8 @@ async fn start_from(
             "http://127.0.0.1:9".parse().unwrap(),
         );
         built.listen = "127.0.0.1:0".parse().unwrap();
-        built.admin_listen = "127.0.0.1:0".parse().unwrap();
+        // The config's address, on a port of the system's: 127.0.0.1 unless it names another.
+        built.admin_listen = SocketAddr::new(config.server.admin_listen.ip(), 0);
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
         built.admin_token = token.map(rocgate::config::Secret::from);
@@ -640,6 +641,68 @@ async fn a_reload_that_changes_reads_waits_for_a_restart() {
         let (status, body) = call(p.admin, "POST", "/admin/reload", "", Some(token)).await;
         assert_eq!(status, 200, "{reads}: {body}");
         assert_eq!(body["restart_required"], restart, "{reads}: {body}");
+    }
+    p.stop().await;
+}
+
+/// An address of this host beyond loopback, if it has one: the source address of its
+/// route to a documentation address (RFC 5737; a connected UDP socket sends nothing).
+fn an_address_beyond_loopback() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("198.51.100.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// `[admin] reads` reaches the running admin API: bound on this host's address beyond
+/// loopback and reached from it (a peer that is not loopback), with `reads = "token"`
+/// every read, `/metrics` and unknown paths included, needs the token, `/healthz` and
+/// `/readyz` excepted; with the reads open, they are answered without it. A host with
+/// no address beyond loopback has nothing to show it on, and says so.
+#[tokio::test]
+async fn reads_token_closes_the_reads_of_a_running_admin_api_beyond_loopback() {
+    let Some(ip) = an_address_beyond_loopback() else {
+        eprintln!("skipped: this host has no address beyond loopback to bind the admin API on");
+        return;
+    };
+    let token = "the-token-of-this-file";
+    let admin = |reads: &str| {
+        format!(
+            "{CONFIG}\n[admin]\nlisten = \"{}\"\ntoken = \"{token}\"\n{reads}\n",
+            SocketAddr::new(ip, 9090)
+        )
+    };
+    let reads = [
+        "/metrics",
+        "/admin/routes",
+        "/admin/routes/order",
+        "/admin/hints",
+        "/admin/store",
+    ];
+    let (p, _) = start_on(Some(token), &admin("reads = \"token\""), None).await;
+    assert_eq!(p.admin.ip(), ip);
+    for path in reads
+        .into_iter()
+        .chain(["/metrics/", "//admin/routes", "/nowhere"])
+    {
+        for method in ["GET", "HEAD"] {
+            let (status, _) = call(p.admin, method, path, "", None).await;
+            assert_eq!(status, 401, "{method} {path} without the token");
+        }
+    }
+    for path in reads {
+        let (status, _) = call(p.admin, "GET", path, "", Some(token)).await;
+        assert_eq!(status, 200, "{path} with the token");
+    }
+    for path in ["/healthz", "/readyz"] {
+        let (status, _) = call(p.admin, "GET", path, "", None).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    p.stop().await;
+    let (p, _) = start_on(Some(token), &admin(""), None).await;
+    for path in reads {
+        let (status, _) = call(p.admin, "GET", path, "", None).await;
+        assert_eq!(status, 200, "{path}, the reads open");
     }
     p.stop().await;
 }
