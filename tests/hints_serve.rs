@@ -65,10 +65,12 @@ async fn start_with(config: &str) -> (SocketAddr, SocketAddr, tokio::sync::onesh
     tokio::spawn(async move { axum::serve(upstream, app).await });
     let config = Config::from_toml_str(config, "test").unwrap();
     // The shared test settings, with this file's own timeouts and body limit, and the
-    // config's admin token.
+    // config's admin token, reads and address (on a port of the system's).
     let settings = {
         let mut built = running::settings(upstream_addr);
         built.admin_token = config.server.admin_token.clone();
+        built.admin_reads = config.server.admin_reads;
+        built.admin_listen = SocketAddr::new(config.server.admin_listen.ip(), 0);
         built.header_read_timeout = Duration::from_secs(2);
         built.shutdown_grace = Duration::from_secs(2);
         built.forward.response_timeout = Duration::from_secs(5);
@@ -785,6 +787,49 @@ async fn the_cli_sends_the_admin_token_from_a_file_only() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.starts_with("hints"), "{args:?} {token:?}: {stdout}");
     }
+    let _ = stop.send(());
+}
+
+/// An address of this host beyond loopback, if it has one: the source address of its
+/// route to a documentation address (RFC 5737; a connected UDP socket sends nothing).
+fn an_address_beyond_loopback() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("198.51.100.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Against an admin API beyond loopback with `[admin] reads = "token"`, reached from
+/// beyond loopback (this host's own address), `rocgate hints` without a token is
+/// refused 401 and says how to pass it; with `--token-file`, it prints the hints. A
+/// host with no address beyond loopback has nothing to show it on, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reads_hints_closed_to_reads_without_the_token_with_it() {
+    let Some(ip) = an_address_beyond_loopback() else {
+        eprintln!("skipped: this host has no address beyond loopback to bind the admin API on");
+        return;
+    };
+    let config = format!(
+        "{CONFIG}\n[admin]\nlisten = \"{}\"\ntoken = \"s3cret\"\nreads = \"token\"\n",
+        SocketAddr::new(ip, 9090)
+    );
+    let (_listen, admin, stop) = start_with(&config).await;
+    assert_eq!(admin.ip(), ip);
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("token");
+    std::fs::write(&good, "s3cret\n").unwrap();
+    let out = hints_from(admin, &[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("answered 401 Unauthorized: "), "{stderr}");
+    assert!(
+        stderr.contains("pass its token with --token-file PATH"),
+        "{stderr}"
+    );
+    let out = hints_from(admin, &["--token-file", good.to_str().unwrap()]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.starts_with("hints"), "{stdout}");
     let _ = stop.send(());
 }
 
