@@ -466,7 +466,9 @@ async fn refuse_a_foreign_host(
 /// tokens ([`super::guesses`], `rocgate_admin_refused_total`), past which 429. A
 /// refusal is logged at `WARN` with the address, the path, the status and why, never
 /// a token, at most one line every [`REFUSALS_LOGGED_EVERY`] ([`RefusalLog`], its own:
-/// a scraper without the token does not hide the refused changes).
+/// a scraper without the token does not hide the refused changes). A request of any
+/// other method than `GET` or `HEAD` is checked and logged as a change
+/// ([`unauthorized`]), on the changes' own line.
 async fn refuse_a_read_without_the_token(
     State(state): State<AdminState>,
     Extension(Peer(peer)): Extension<Peer>,
@@ -480,6 +482,12 @@ async fn refuse_a_read_without_the_token(
         || HEALTH_CHECKS.contains(&path)
     {
         return next.run(request).await;
+    }
+    if !matches!(*request.method(), http::Method::GET | http::Method::HEAD) {
+        return match unauthorized(&state, request.headers(), peer, request.uri()) {
+            Some(refusal) => refusal,
+            None => next.run(request).await,
+        };
     }
     let Some(refusal) = checked(&state, request.headers(), peer, true) else {
         return next.run(request).await;
@@ -2018,6 +2026,38 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(answer.status(), StatusCode::OK);
+    }
+
+    /// With `[admin] reads = "token"`, a change refused from beyond loopback is logged
+    /// as a refused change, on its own line, not on the refused reads' line: a scraper
+    /// without the token refused within the same second hid it.
+    #[tokio::test]
+    async fn with_reads_token_a_refused_change_is_logged_as_one() {
+        let mut state = state().await;
+        state.token = Some(crate::config::Secret::from("the-right-token"));
+        state.reads = crate::config::AdminReads::Token;
+        let (changes, reads) = (
+            Arc::clone(&state.refusals),
+            Arc::clone(&state.read_refusals),
+        );
+        let router = router(state);
+        let peer = "192.0.2.7".parse().unwrap();
+        let scrape = http::Request::get("/metrics").header("host", "localhost");
+        let answer = for_connection(&router, peer)
+            .oneshot(scrape.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        assert!(reads.lock().unwrap().logged_at.is_some());
+        let change = http::Request::put("/admin/routes/order")
+            .header("host", "localhost")
+            .header("content-type", "application/json");
+        let answer = for_connection(&router, peer)
+            .oneshot(change.body(Body::from("{}")).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        assert!(changes.lock().unwrap().logged_at.is_some());
     }
 
     /// An address beyond loopback that sends 10 wrong tokens gets 429 for the next
