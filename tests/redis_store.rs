@@ -729,6 +729,25 @@ async fn a_beat_answered_after_a_failed_one_does_not_shrink_the_count() {
     drop((b, c));
 }
 
+/// `config` for an instance that expects `n` instances.
+#[cfg(feature = "cli")]
+fn expecting(config: &RedisConfig, n: u16) -> RedisConfig {
+    let mut expects = config.clone();
+    expects.expected_instances = n;
+    expects
+}
+
+/// `a` beats, `b` (expecting two) beats and counts two, then `a` counts two at each of
+/// three beats: `a`'s count has risen from 1 to 2.
+#[cfg(feature = "cli")]
+async fn a_counts_b(a: &Instance, b: &Instance) {
+    beat_answered(&a.store).await;
+    assert_eq!(beat_answered(&b.store).await, 2);
+    for _ in 0..3 {
+        assert_eq!(beat_answered(&a.store).await, 2);
+    }
+}
+
 /// Each change of the live count is logged once, naming the count before and after and
 /// this instance's share now (`1/n` of each shared limit): a rise at INFO, a fall at
 /// WARN (an instance gone: the line an operator looks for after a pod died). Never at a
@@ -743,15 +762,10 @@ async fn each_change_of_the_live_count_is_logged_once() {
     let changed = || log.lines_with("live instance count changed");
     let server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "count-log");
-    let mut two = config.clone();
-    two.expected_instances = 2;
+    let two = expecting(&config, 2);
     let (a, clock) = Instance::manual(&burst_route(), &config);
     let b = Instance::system(&burst_route(), &two);
-    beat_answered(&a.store).await;
-    assert_eq!(beat_answered(&b.store).await, 2);
-    for _ in 0..3 {
-        assert_eq!(beat_answered(&a.store).await, 2);
-    }
+    a_counts_b(&a, &b).await;
     let lines = changed();
     assert_eq!(lines.len(), 1, "{lines:#?}");
     let only_local = r#"in fallback with fail_mode = "local""#;
@@ -814,17 +828,10 @@ async fn a_fall_said_together_with_rises_is_a_warning() {
     let changed = || log.lines_with("live instance count changed");
     let server = RedisServer::start().await;
     let config = hand_beaten_config(&server, "count-fall-log");
-    let mut two = config.clone();
-    two.expected_instances = 2;
-    let mut three = config.clone();
-    three.expected_instances = 3;
+    let (two, three) = (expecting(&config, 2), expecting(&config, 3));
     let (a, clock) = Instance::manual(&burst_route(), &config);
     let b = Instance::system(&burst_route(), &two);
-    beat_answered(&a.store).await;
-    assert_eq!(beat_answered(&b.store).await, 2);
-    for _ in 0..3 {
-        assert_eq!(beat_answered(&a.store).await, 2);
-    }
+    a_counts_b(&a, &b).await;
     assert_eq!(changed().len(), 1, "{:#?}", changed());
 
     clock.advance(Duration::from_secs(1));
