@@ -1360,7 +1360,8 @@ pub struct ServerConfig {
     pub admin_allowed_hosts: Vec<String>,
     /// Whether a read of the admin API from beyond loopback needs the token
     /// (`[admin] reads`): [`AdminReads::Token`] is taken only with
-    /// [`admin_token`](Self::admin_token) set.
+    /// [`admin_token`](Self::admin_token) set (set by hand without it, every read
+    /// from beyond loopback but the health checks is refused).
     pub admin_reads: AdminReads,
     /// Wrong bearer tokens a client address may send to the admin API at once (at
     /// least 1); past them, and the rate below, a request with a token gets 429.

@@ -404,7 +404,8 @@ async fn refuse_a_foreign_host(
     };
     let token = state.token.as_ref();
     // A token sent with a foreign Host may be a rebound page's guess: bounded.
-    let checked = token.map(|_| checked(&state, request.headers(), peer, true));
+    let read = matches!(*request.method(), http::Method::GET | http::Method::HEAD);
+    let checked = token.map(|_| checked(&state, request.headers(), peer, true, read));
     let too_many = match checked {
         Some(None) => return next.run(request).await,
         Some(Some(refusal)) if refusal.status == StatusCode::TOO_MANY_REQUESTS => Some(refusal),
@@ -453,13 +454,16 @@ async fn refuse_a_foreign_host(
 }
 
 /// Refuses a request from beyond loopback without the right bearer token, with
-/// `[admin] reads = "token"` and a token set: on every endpoint but the health checks
+/// `[admin] reads = "token"`: on every endpoint but the health checks
 /// ([`HEALTH_CHECKS`], which a kubelet's probe reaches without one), the reads
 /// (`/metrics`, `/admin/routes`, `/admin/hints`, `/admin/store`) as the changes. An
 /// admin API opened beyond loopback (a pod's address, for a Prometheus on another
 /// host) then tells the routes' state only to whoever has the token. A request from
 /// loopback is not looked at here: the operator on the host reads without it, and a
 /// page re-bound to 127.0.0.1 is refused for its `Host` ([`refuse_a_foreign_host`]).
+///
+/// With no token set (settings built by hand: the config refuses it), every such
+/// read is refused, 403 saying so: it fails closed, not open.
 ///
 /// A token is checked as a change's is ([`checked`]): a missing one answers 401 with
 /// `WWW-Authenticate`, a wrong one 401 and charged to the address's bound on wrong
@@ -477,7 +481,6 @@ async fn refuse_a_read_without_the_token(
 ) -> Response {
     let path = request.uri().path();
     if state.reads != crate::config::AdminReads::Token
-        || state.token.is_none()
         || peer.to_canonical().is_loopback()
         || HEALTH_CHECKS.contains(&path)
     {
@@ -489,7 +492,7 @@ async fn refuse_a_read_without_the_token(
             None => next.run(request).await,
         };
     }
-    let Some(refusal) = checked(&state, request.headers(), peer, true) else {
+    let Some(refusal) = checked(&state, request.headers(), peer, true, true) else {
         return next.run(request).await;
     };
     let now = state.reloader.clock().now();
@@ -631,7 +634,7 @@ fn unauthorized(
 ) -> Option<Response> {
     let path = uri.path();
     let bounded = guess_bounded(state, uri, headers, peer);
-    let refusal = checked(state, headers, peer, bounded)?;
+    let refusal = checked(state, headers, peer, bounded, false)?;
     let now = state.reloader.clock().now();
     if let Some(refused) = state
         .refusals
@@ -746,6 +749,7 @@ fn checked(
     headers: &HeaderMap,
     peer: IpAddr,
     bounded: bool,
+    read: bool,
 ) -> Option<Refusal> {
     let token = state.token.as_ref();
     let presented = headers.get_all(http::header::AUTHORIZATION).iter().count() == 1
@@ -761,7 +765,7 @@ fn checked(
     } else {
         None
     };
-    let refusal = why_refused(token, headers, peer);
+    let refusal = why_refused(token, headers, peer, read);
     if refusal.as_ref().is_some_and(|r| r.wrong_token) {
         state.guesses.found_wrong();
         if let Some(guess) = guess {
@@ -783,11 +787,17 @@ fn guess_bounded(state: &AdminState, uri: &Uri, headers: &HeaderMap, peer: IpAdd
         || foreign_host(uri, headers, &state.allowed_hosts).is_some()
 }
 
-/// Why [`unauthorized`] refuses a change, if it does.
+/// Why a change ([`unauthorized`]), or with `read` a read from beyond loopback
+/// ([`refuse_a_read_without_the_token`]), is refused, if it is. A read from beyond
+/// loopback with no token set is refused (403): [`AdminReads::Token`] with no token
+/// fails closed, as no token can be given.
+///
+/// [`AdminReads::Token`]: crate::config::AdminReads::Token
 fn why_refused(
     token: Option<&crate::config::Secret>,
     headers: &HeaderMap,
     peer: IpAddr,
+    read: bool,
 ) -> Option<Refusal> {
     let refusal = |status, why, scheme| {
         Some(Refusal {
@@ -799,6 +809,16 @@ fn why_refused(
         })
     };
     let Some(token) = token else {
+        if read {
+            return refusal(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "a read from {peer}, beyond loopback, is refused: [admin] reads = \"token\" \
+                     and no [admin] token is set, so none can be given"
+                ),
+                None,
+            );
+        }
         if !peer.to_canonical().is_loopback() {
             return refusal(
                 StatusCode::FORBIDDEN,
@@ -2028,6 +2048,37 @@ mod tests {
         assert_eq!(answer.status(), StatusCode::OK);
     }
 
+    /// `[admin] reads = "token"` without a token (settings built by hand: the config
+    /// refuses it) fails closed: every read from beyond loopback but `/healthz` and
+    /// `/readyz` gets 403 saying no token is set, where it was answered; the operator
+    /// on loopback still reads.
+    #[tokio::test]
+    async fn with_reads_token_and_no_token_every_read_from_beyond_loopback_is_refused() {
+        let mut state = state().await;
+        state.reads = crate::config::AdminReads::Token;
+        let router = router(state);
+        let get = |peer: &str, path: &str| {
+            let request = http::Request::get(path).header("host", "localhost");
+            for_connection(&router, peer.parse().unwrap())
+                .oneshot(request.body(Body::empty()).unwrap())
+        };
+        for path in ["/metrics", "/admin/routes", "/admin/hints", "/admin/store"] {
+            let answer = get("192.0.2.7", path).await.unwrap();
+            assert_eq!(answer.status(), StatusCode::FORBIDDEN, "{path}");
+            let text = axum::body::to_bytes(answer.into_body(), MAX_BODY_BYTES)
+                .await
+                .unwrap();
+            let text = String::from_utf8_lossy(&text);
+            assert!(text.contains("no [admin] token is set"), "{path}: {text}");
+            let answer = get("127.0.0.1", path).await.unwrap();
+            assert_eq!(answer.status(), StatusCode::OK, "{path} from loopback");
+        }
+        for path in HEALTH_CHECKS {
+            let answer = get("192.0.2.7", path).await.unwrap();
+            assert_ne!(answer.status(), StatusCode::FORBIDDEN, "{path}");
+        }
+    }
+
     /// With `[admin] reads = "token"`, a change refused from beyond loopback is logged
     /// as a refused change, on its own line, not on the refused reads' line: a scraper
     /// without the token refused within the same second hid it.
@@ -2316,6 +2367,7 @@ mod tests {
             token.map(crate::config::Secret::from).as_ref(),
             &map,
             peer.parse().unwrap(),
+            false,
         )
         .map(IntoResponse::into_response)
     }

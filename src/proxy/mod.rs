@@ -106,8 +106,9 @@ pub struct ProxySettings {
     pub admin_allowed_hosts: Vec<String>,
     /// Whether a read from beyond loopback needs the token; see
     /// [`ServerConfig::admin_reads`]. [`AdminReads::Token`](crate::config::AdminReads::Token)
-    /// without [`admin_token`](Self::admin_token) is taken as open: there is no token
-    /// to require.
+    /// without [`admin_token`](Self::admin_token) (which the config refuses) fails
+    /// closed: every request from beyond loopback but `/healthz` and `/readyz` gets 403,
+    /// saying no token is set; the proxy still starts, and loopback reads as before.
     pub admin_reads: crate::config::AdminReads,
     /// Wrong bearer tokens a client address may send to the admin API at once, taken
     /// from 1 to 10000 as the config bounds it (0 is 1); see
