@@ -842,7 +842,14 @@ fn why_refused(
         // Taking one of them would trust whichever a gateway in front did not check.
         return refusal(
             StatusCode::BAD_REQUEST,
-            format!("authorization: sent {sent} times, where one is taken: nothing was changed"),
+            format!(
+                "authorization: sent {sent} times, where one is taken: {}",
+                if read {
+                    "send the token once"
+                } else {
+                    "nothing was changed"
+                }
+            ),
             Some(r#"Bearer realm="rocgate admin", error="invalid_request""#),
         );
     }
@@ -2076,6 +2083,51 @@ mod tests {
         for path in HEALTH_CHECKS {
             let answer = get("192.0.2.7", path).await.unwrap();
             assert_ne!(answer.status(), StatusCode::FORBIDDEN, "{path}");
+        }
+    }
+
+    /// With `[admin] reads = "token"`, a read from beyond loopback that sends
+    /// `Authorization` twice gets 400 (`invalid_request`) saying to send the token
+    /// once, whichever holds it, where it was told that nothing was changed (the
+    /// changes' words).
+    #[tokio::test]
+    async fn with_reads_token_a_read_that_sends_authorization_twice_is_told_to_send_it_once() {
+        let mut state = state().await;
+        state.token = Some(crate::config::Secret::from("the-right-token"));
+        state.reads = crate::config::AdminReads::Token;
+        let router = router(state);
+        for method in [http::Method::GET, http::Method::HEAD] {
+            for path in ["/metrics", "/admin/routes"] {
+                let request = http::Request::builder()
+                    .method(method.clone())
+                    .uri(path)
+                    .header("host", "localhost")
+                    .header("authorization", "Bearer the-right-token")
+                    .header("authorization", "Bearer wrong");
+                let answer = for_connection(&router, "192.0.2.7".parse().unwrap())
+                    .oneshot(request.body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{method} {path}");
+                assert_eq!(
+                    answer.headers()[http::header::WWW_AUTHENTICATE],
+                    r#"Bearer realm="rocgate admin", error="invalid_request""#,
+                    "{method} {path}"
+                );
+                if method == http::Method::GET {
+                    let text = axum::body::to_bytes(answer.into_body(), MAX_BODY_BYTES)
+                        .await
+                        .unwrap();
+                    let text = String::from_utf8_lossy(&text);
+                    assert!(
+                        text.contains(
+                            "authorization: sent 2 times, where one is taken: send the token once"
+                        ),
+                        "{path}: {text}"
+                    );
+                    assert!(!text.contains("nothing was changed"), "{path}: {text}");
+                }
+            }
         }
     }
 
