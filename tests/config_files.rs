@@ -2850,6 +2850,17 @@ fn server_and_admin_sections() {
         "admin.reads",
         "must be \"open\" or \"token\", got \"closed\"",
     );
+    // Written as its other enum-like settings are (mode, roc_mode, fail_mode): in
+    // lower case alone.
+    for reads in ["Token", "OPEN"] {
+        refused(
+            &route(&format!(
+                "[admin]\ntoken = \"a-long-enough-token\"\nreads = \"{reads}\""
+            )),
+            "admin.reads",
+            &format!("must be \"open\" or \"token\", got \"{reads}\""),
+        );
+    }
     // Reads needing a token there is none of would lock every scrape out.
     refused(
         &route("[admin]\nreads = \"token\""),
@@ -4547,7 +4558,7 @@ fn admin_reads_is_read_and_needs_the_token() {
     use rocgate::config::AdminReads;
     let c = Config::from_toml_str(&route(""), "t.toml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.admin_reads, AdminReads::Open);
-    for (reads, read) in [("open", AdminReads::Open), ("Token", AdminReads::Token)] {
+    for (reads, read) in [("open", AdminReads::Open), ("token", AdminReads::Token)] {
         let text = route(&format!(
             "[admin]\ntoken = \"a-long-enough-token\"\nreads = \"{reads}\""
         ));

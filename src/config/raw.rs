@@ -3256,7 +3256,7 @@ fn server_config(p: &mut Problems, server: RawServer, admin: RawAdmin) -> Server
         );
     }
     if let Some(reads) = admin.reads {
-        let checked = match reads.trim_ascii().to_ascii_lowercase().as_str() {
+        let checked = match reads.trim_ascii() {
             "open" => Ok(AdminReads::Open),
             "token" => Ok(AdminReads::Token),
             _ => Err(format!(
